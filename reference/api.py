@@ -1,0 +1,129 @@
+"""Public entry points of the reference: one dispatcher over formats and variants.
+
+``fake_quant(x, amax, fmt, variant=None, **options)`` works on one tensor ``[..., out, in]``
+(a single expert or a stacked ``[N, out, in]``); ``fake_quant_experts`` on a list of N
+experts (ragged shapes and empty experts allowed).  Options that a format does not take
+raise ``TypeError`` naming them; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import fp8_e4m3, int_quant, nvfp4
+from .constants import FORMAT_BITS, FORMATS
+from .result import FakeQuantResult
+from .ste import ste_backward
+
+_MODULES = {"int8": int_quant, "int4": int_quant, "fp8_e4m3": fp8_e4m3, "nvfp4": nvfp4}
+_OPTIONS: dict[str, frozenset[str]] = {
+    "int8": frozenset({"unsigned", "narrow_range"}),
+    "int4": frozenset({"unsigned", "narrow_range"}),
+    "fp8_e4m3": frozenset(),
+    "nvfp4": frozenset({"block_size", "block_amax"}),
+}
+
+
+def variants(fmt: str) -> tuple[str, ...]:
+    """Names of the variants of ``fmt``; the first is the default."""
+    mod = _module(fmt)
+    return (mod.DEFAULT_VARIANT,) + tuple(v for v in mod.VARIANTS if v != mod.DEFAULT_VARIANT)
+
+
+def default_variant(fmt: str) -> str:
+    return _module(fmt).DEFAULT_VARIANT
+
+
+def _module(fmt: str):
+    if fmt not in _MODULES:
+        raise ValueError(f"unknown format {fmt!r}; known: {FORMATS}")
+    return _MODULES[fmt]
+
+
+def _variant_fn(fmt: str, variant: str | None, options: dict[str, Any]) -> Callable[..., FakeQuantResult]:
+    mod = _module(fmt)
+    name = variant or mod.DEFAULT_VARIANT
+    if name == "default":
+        name = mod.DEFAULT_VARIANT
+    if name not in mod.VARIANTS:
+        raise ValueError(f"unknown variant {name!r} for {fmt}; known: {variants(fmt)}")
+    unknown = set(options) - _OPTIONS[fmt]
+    if unknown:
+        raise TypeError(f"{fmt} does not take option(s) {sorted(unknown)}; it takes {sorted(_OPTIONS[fmt])}")
+    if name != "modelopt_static" and "block_amax" in options:
+        raise TypeError("block_amax is an option of the nvfp4 'modelopt_static' variant only")
+    fn = mod.VARIANTS[name]
+    if fmt in FORMAT_BITS:
+        bits = FORMAT_BITS[fmt]
+        return lambda x, amax, **kw: fn(x, amax, num_bits=bits, **kw)
+    return fn
+
+
+def fake_quant_traced(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> FakeQuantResult:
+    """Like ``fake_quant`` but returns the full ``FakeQuantResult`` (pre-rounding values too)."""
+    fn = _variant_fn(fmt, variant, options)
+    return fn(x, amax, **options)
+
+
+def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> torch.Tensor:
+    """Fake-quantize ``x`` (``[..., out, in]``) to ``fmt`` with ``amax``; output dtype = ``x.dtype``.
+
+    * ``fmt``: ``"int8" | "int4" | "fp8_e4m3" | "nvfp4"``.
+    * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``
+      (NVFP4: the global amax, per tensor or per expert).
+    * ``variant``: ``None``/``"default"`` or a name from ``variants(fmt)``.
+    * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size``, ``block_amax``.
+    """
+    return fake_quant_traced(x, amax, fmt, variant, **options).out
+
+
+def split_expert_amax(weights: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
+    """Split ``[N]`` (per expert) or ``[N, out]`` (per channel) amax into one amax per expert.
+
+    Raises ``ValueError`` when the amax does not fit the list (count or per-channel rows).
+    """
+    n = len(weights)
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
+    if amax.dim() == 0 or amax.shape[0] != n:
+        raise ValueError(f"amax shape {tuple(amax.shape)} does not give one entry per expert for N={n}")
+    if amax.dim() == 1:
+        return [amax[i] for i in range(n)]
+    if amax.dim() == 2:
+        for i, w in enumerate(weights):
+            if w.dim() != 2 or w.shape[0] != amax.shape[1]:
+                raise ValueError(f"per-channel amax {tuple(amax.shape)} does not fit expert {i} of shape {tuple(w.shape)}")
+        return [amax[i] for i in range(n)]
+    raise ValueError(f"amax must be [N] or [N, out], got {tuple(amax.shape)}")
+
+
+def fake_quant_experts(
+    weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options
+) -> list[torch.Tensor]:
+    """Fake-quantize N expert tensors ``[out_i, in_i]`` with per-expert/per-channel ``amax``.
+
+    Each expert is computed independently (the per-expert loop is the definition of the
+    grouped result); empty experts return empty tensors.  ``block_amax`` (NVFP4 static) is a
+    list of per-expert block amax tensors here.
+    """
+    per = split_expert_amax(weights, amax)
+    block_amax = options.pop("block_amax", None)
+    out = []
+    for i, (w, a) in enumerate(zip(weights, per)):
+        kw = dict(options)
+        if block_amax is not None:
+            kw["block_amax"] = block_amax[i]
+        out.append(fake_quant(w, a, fmt, variant, **kw))
+    return out
+
+
+def ste_backward_experts(
+    weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], mode: str
+) -> list[torch.Tensor]:
+    """Per-expert straight-through backward (see ``reference.ste``)."""
+    if len(grads) != len(weights):
+        raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
+    per = split_expert_amax(weights, amax)
+    return [ste_backward(w, a, g, mode) for w, a, g in zip(weights, per, grads)]

@@ -1,0 +1,79 @@
+"""FP8 E4M3 fake quantization (scaled, per tensor / per expert / per channel).
+
+Numeric contract
+================
+* Input ``x``: bf16 (primary), fp16 or fp32; upcast exactly to fp32.  Output: input dtype (RNE).
+* amax: fp32, finite, >= 0.  ``amax <= 2**-24`` is treated as ``1`` (CUDA extension).
+* E4M3 rounding (``reference.rounding.round_to_e4m3``): nearest, ties to even, saturating
+  at ±448 (±inf -> ±448), NaN -> NaN, signed zeros kept.
+
+Default variant ``cuda`` (Model-Optimizer ``scaled_e4m3`` CUDA extension), fp32 op sequence::
+
+    0. a = 1 if amax <= 2**-24 else amax
+    1. s   = RN(448 / a)              true IEEE division
+    2. inv = RN(1 / s)
+    3. v   = RN(x * s)
+    4. e   = e4m3_rne_satfinite(v)
+    5. y   = RN(e * inv)
+    6. out = RNE_dtype(y)             NaN -> canonical NaN (bf16 0x7FFF), see rounding.to_output_dtype
+
+Variant ``reciprocal`` (torch eager ``448.0 / amax`` = ``reciprocal(amax) * 448``, then ``e / s``)::
+
+    1. s = RN(RN(1 / a) * 448)   3. v = RN(x * s)   4. e = e4m3(v)   5. y = RN(e / s)
+
+Variant ``div`` (CUDA scale, dequantized by a true division)::
+
+    1. s = RN(448 / a)   3-4 as default   5. y = RN(e / s)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import E4M3_MAX, TINY_AMAX
+from .granularity import broadcast_amax
+from .result import FakeQuantResult
+from .rounding import fp32_scalar_like, round_to_e4m3, to_output_dtype
+
+
+def _prepare(x: torch.Tensor, amax: torch.Tensor):
+    a = broadcast_amax(x, amax)
+    a = torch.where(a <= TINY_AMAX, torch.ones((), device=a.device), a)
+    return x.to(torch.float32), a
+
+
+def fp8_cuda(x, amax) -> FakeQuantResult:
+    """Default variant: ``s = RN(448/a)``, ``inv = RN(1/s)``, ``y = RN(e4m3(x*s) * inv)``."""
+    xf, a = _prepare(x, amax)
+    s = fp32_scalar_like(E4M3_MAX, xf) / a
+    inv = fp32_scalar_like(1.0, xf) / s
+    v = xf * s
+    y = round_to_e4m3(v) * inv
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
+
+
+def reciprocal_core(xf: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 core of the ``reciprocal`` variant on a broadcast amax ``a``: returns ``(y, v)``."""
+    s = torch.reciprocal(a) * fp32_scalar_like(E4M3_MAX, xf)
+    v = xf * s
+    return round_to_e4m3(v) / s, v
+
+
+def fp8_reciprocal(x, amax) -> FakeQuantResult:
+    """Eager variant: ``s = RN(RN(1/a) * 448)``, ``y = RN(e4m3(x*s) / s)``."""
+    xf, a = _prepare(x, amax)
+    y, v = reciprocal_core(xf, a)
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
+
+
+def fp8_div(x, amax) -> FakeQuantResult:
+    """CUDA scale, true-division dequant: ``y = RN(e4m3(x*s) / s)``."""
+    xf, a = _prepare(x, amax)
+    s = fp32_scalar_like(E4M3_MAX, xf) / a
+    v = xf * s
+    y = round_to_e4m3(v) / s
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
+
+
+VARIANTS = {"cuda": fp8_cuda, "reciprocal": fp8_reciprocal, "div": fp8_div}
+DEFAULT_VARIANT = "cuda"

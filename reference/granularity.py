@@ -1,0 +1,81 @@
+"""amax validation and broadcasting: which scale applies to which element.
+
+Layout only, no arithmetic.  A weight tensor is ``[..., out, in]``: a single expert
+``[out, in]`` or a stacked grouped weight ``[N, out, in]``.  amax shapes:
+
+* ``()`` or ``(1,)``       -> ``per_tensor``  (one scale for everything)
+* ``x.shape[:-2]``          -> ``per_expert``  (``[N]`` for a stacked weight)
+* ``x.shape[:-1]``          -> ``per_channel`` (``[N, out]`` / ``[out]``: one scale per output row)
+
+amax values: finite and ``>= 0``.  NaN, ±inf or negative amax raise ``ValueError`` (a
+silent NaN/zero output would hide a calibration bug).  Zero and tiny amax are defined per
+format (see each format's numeric contract).  amax of any float dtype is converted to
+fp32 (exact for bf16/fp16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import FLOAT_DTYPES
+
+GRANULARITIES = ("per_tensor", "per_expert", "per_channel")
+
+
+def check_input(x: torch.Tensor) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``x`` is a float tensor with >= 2 dims."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"input dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError(f"input must have at least 1 dimension, got shape {tuple(x.shape)}")
+
+
+def granularity_of(x: torch.Tensor, amax: torch.Tensor) -> str:
+    """Name the granularity implied by ``amax.shape`` for input ``x``, or raise ``ValueError``."""
+    shape = tuple(amax.shape)
+    if shape in ((), (1,)):
+        return "per_tensor"
+    if x.dim() >= 3 and shape == tuple(x.shape[:-2]):
+        return "per_expert"
+    if x.dim() >= 2 and shape == tuple(x.shape[:-1]):
+        return "per_channel"
+    raise ValueError(
+        f"amax shape {shape} does not fit input shape {tuple(x.shape)}: expected (), (1,), "
+        f"{tuple(x.shape[:-2])} (per expert) or {tuple(x.shape[:-1])} (per channel)"
+    )
+
+
+def check_amax_values(amax: torch.Tensor) -> None:
+    """Raise ``ValueError`` if any amax is NaN, infinite or negative."""
+    if amax.numel() == 0:
+        return
+    bad_nan = torch.isnan(amax)
+    bad_inf = torch.isinf(amax)
+    bad_neg = amax < 0
+    for mask, what in ((bad_nan, "NaN"), (bad_inf, "infinite"), (bad_neg, "negative")):
+        if bool(mask.any()):
+            idx = tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
+            raise ValueError(f"amax is {what} at index {idx} (value {float(amax[idx])}); amax must be finite and >= 0")
+
+
+def broadcast_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Validate ``amax`` against ``x`` and return it as fp32, shaped to broadcast over ``x``.
+
+    The result has ``x.dim()`` dims (trailing singleton dims appended) and lives on ``x.device``;
+    an amax on another device is an error, not a silent copy.
+    """
+    check_input(x)
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
+    if not amax.is_floating_point():
+        raise TypeError(f"amax must be a float tensor, got {amax.dtype}")
+    if amax.device != x.device:
+        raise ValueError(f"amax is on {amax.device} but the input is on {x.device}")
+    gran = granularity_of(x, amax)
+    a = amax.to(torch.float32)
+    check_amax_values(a)
+    if gran == "per_tensor":
+        return a.reshape((1,) * x.dim())
+    return a.reshape(tuple(a.shape) + (1,) * (x.dim() - a.dim()))

@@ -1,0 +1,95 @@
+"""INTn fake quantization (INT8, INT4; signed/unsigned; narrow/wide range).
+
+Numeric contract
+================
+* Input ``x``: bf16 (primary), fp16 or fp32 ``[..., out, in]``; upcast exactly to fp32.
+* amax: fp32, per tensor / per expert / per channel (``reference.granularity``), finite, >= 0.
+* Grid: ``qmax = 2**(b-1)-1`` signed (``2**b-1`` unsigned); ``lo = -qmax-1`` wide (default),
+  ``-qmax`` narrow, ``0`` unsigned.  The scale always uses ``qmax``.
+* Unsigned with any negative input: ``ValueError`` (Model-Optimizer's CUDA extension
+  asserts on it).
+* Output dtype = input dtype, rounded to nearest even from fp32.
+
+Default variant ``cuda`` (Model-Optimizer CUDA extension, FINDINGS §5), fp32 op sequence::
+
+    1. s = RN(qmax / amax)            true IEEE division (tensor / tensor, never a CPU scalar)
+    2. v = RN(x * s)
+    3. r = rint(v)                    round half to even
+    4. q = clamp(r, lo, qmax)         NaN stays NaN; ±inf clamp to lo / qmax
+    5. y = RN(q / s)                  true division
+    6. out = RNE_dtype(y)             NaN -> canonical NaN (bf16 0x7FFF), see rounding.to_output_dtype
+    amax < 2**-24  ->  out = +0 for every element (NaN inputs included).
+
+Variant ``reciprocal`` (Model-Optimizer eager path, torch's ``qmax / amax_tensor``)::
+
+    1. s = RN(RN(1 / amax) * qmax);   amax <= 2**-24 -> s = 0
+    2-4 as above;  5. y = RN(q / s') with s' = 1 where amax <= 2**-24 (so y = ±0)
+
+Variant ``step`` (the public branch kernel of FINDINGS §5)::
+
+    1. step = RN(amax / qmax)   2. v = RN(x / step)   3-4 as above   5. y = RN(q * step)
+    amax < 2**-24 -> +0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import TINY_AMAX, int_bounds
+from .granularity import broadcast_amax
+from .result import FakeQuantResult
+from .rounding import fp32_scalar_like, to_output_dtype
+
+
+def _grid(lo: float, qmax: float):
+    def grid_round(v: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(torch.round(v), lo, qmax)
+
+    return grid_round
+
+
+def _prepare(x: torch.Tensor, amax: torch.Tensor, num_bits: int, unsigned: bool, narrow_range: bool):
+    a = broadcast_amax(x, amax)
+    lo, qmax = int_bounds(num_bits, unsigned=unsigned, narrow_range=narrow_range)
+    xf = x.to(torch.float32)
+    if unsigned and x.numel() and bool((xf < 0).any()):
+        raise ValueError("unsigned INT quantization got negative input values (Model-Optimizer rejects them too)")
+    return xf, a, lo, qmax
+
+
+def int_cuda(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
+    """Default variant: ``s = RN(qmax/amax)``, ``y = RN(rint-clamp(x*s) / s)``; see module docstring."""
+    xf, a, lo, qmax = _prepare(x, amax, num_bits, unsigned, narrow_range)
+    s = fp32_scalar_like(qmax, xf) / a
+    v = xf * s
+    grid = _grid(lo, qmax)
+    y = grid(v) / s
+    y = torch.where(a < TINY_AMAX, torch.zeros((), device=xf.device), y)
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
+
+
+def int_reciprocal(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
+    """Eager variant: ``s = RN(RN(1/amax) * qmax)`` (two roundings); see module docstring."""
+    xf, a, lo, qmax = _prepare(x, amax, num_bits, unsigned, narrow_range)
+    tiny = a <= TINY_AMAX
+    s = torch.reciprocal(a) * fp32_scalar_like(qmax, xf)
+    s = torch.where(tiny, torch.zeros((), device=xf.device), s)
+    v = xf * s
+    grid = _grid(lo, qmax)
+    y = grid(v) / torch.where(tiny, torch.ones((), device=xf.device), s)
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
+
+
+def int_step(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
+    """Step variant: ``step = RN(amax/qmax)``, ``q = rint(RN(x/step))``, ``y = RN(q*step)``."""
+    xf, a, lo, qmax = _prepare(x, amax, num_bits, unsigned, narrow_range)
+    step = a / fp32_scalar_like(qmax, xf)
+    v = xf / step
+    grid = _grid(lo, qmax)
+    y = grid(v) * step
+    y = torch.where(a < TINY_AMAX, torch.zeros((), device=xf.device), y)
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
+
+
+VARIANTS = {"cuda": int_cuda, "reciprocal": int_reciprocal, "step": int_step}
+DEFAULT_VARIANT = "cuda"
