@@ -1,0 +1,148 @@
+"""ULP distance and per-element mismatch classification (all ULP logic lives here).
+
+Ordered-integer ULP distance (FINDINGS §4): view the float's bits as a signed integer ``i`` and
+map it to ``o = i if i >= 0 else MIN - i`` (``MIN = -2**15`` for bf16/fp16, ``-2**31`` for fp32).
+Then ``|o_a - o_b|`` is monotone, puts adjacent finite values 1 apart and makes ``+0 == -0``.
+NaN and ±inf are accounted separately, never through the integer distance.
+
+Classes of an element (reference ``expected``, backend ``got``):
+
+* ``exact``     -- same value (distance 0; ``+0``/``-0`` and NaN/NaN included; sign-of-zero
+  differences are also counted in ``signed_zero``);
+* ``ulp1``      -- 1 ULP apart;
+* ``tie_flip``  -- more than 1 ULP apart *and* the reference's pre-rounding value lies within
+  ``TIE_WINDOW_FP32_ULPS`` fp32 ulps of a rounding boundary of the format's grid: the signature
+  of a different-but-legitimate fp32 op order (FINDINGS §2), reported apart from real errors;
+* ``error``     -- everything else, including any NaN/inf disagreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .tolerances import MAX_ULP, TIE_WINDOW_FP32_ULPS
+
+CLASSES = ("exact", "ulp1", "tie_flip", "error")
+HIST_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+"""ULP histogram buckets: [0], [1], [2,4), [4,8), ..., [64,128), [128, inf) (finite pairs only)."""
+
+_INT_VIEW = {torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)), torch.float32: (torch.int32, -(2**31))}
+
+
+def ordered_int(x: torch.Tensor) -> torch.Tensor:
+    """Monotone int64 image of a bf16/fp16/fp32 tensor (``+0`` and ``-0`` both map to 0)."""
+    if x.dtype not in _INT_VIEW:
+        raise TypeError(f"ULP distance is defined for bf16/fp16/fp32, got {x.dtype}")
+    int_dtype, lowest = _INT_VIEW[x.dtype]
+    i = x.contiguous().view(int_dtype).to(torch.int64)
+    return torch.where(i < 0, lowest - i, i)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``|ordered(a) - ordered(b)|`` (int64).  Meaningless where either is NaN/inf."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
+    return (ordered_int(a) - ordered_int(b)).abs()
+
+
+def near_tie(pre_round: torch.Tensor, grid_round: Callable[[torch.Tensor], torch.Tensor], window: int = TIE_WINDOW_FP32_ULPS) -> torch.Tensor:
+    """True where moving the fp32 value ``window`` ulps down or up changes its grid rounding."""
+    lo = pre_round.clone()
+    hi = pre_round.clone()
+    for _ in range(window):
+        lo = torch.nextafter(lo, torch.full_like(lo, -float("inf")))
+        hi = torch.nextafter(hi, torch.full_like(hi, float("inf")))
+    a, b = grid_round(lo), grid_round(hi)
+    return ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+
+
+@dataclass
+class Comparison:
+    """Counts and offenders of one expected/got pair (flat indices into the tensor)."""
+
+    numel: int
+    counts: dict[str, int]
+    signed_zero: int
+    nan_mismatch: int
+    inf_mismatch: int
+    max_ulp: int
+    histogram: list[int]
+    mismatch_index: torch.Tensor = field(repr=False)
+    mismatch_class: torch.Tensor = field(repr=False)
+    mismatch_ulp: torch.Tensor = field(repr=False)
+
+    def passes(self, mode: str) -> bool:
+        """Verdict under ``strict`` (all exact) or ``1-ulp`` (exact or 1 ULP; tie flips fail)."""
+        limit = MAX_ULP[mode]
+        if self.counts["error"] or self.counts["tie_flip"]:
+            return False
+        return self.counts["ulp1"] == 0 if limit == 0 else True
+
+
+def compare(
+    expected: torch.Tensor,
+    got: torch.Tensor,
+    pre_round: Optional[torch.Tensor] = None,
+    grid_round: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+) -> Comparison:
+    """Classify every element of ``got`` against ``expected`` (same shape and dtype).
+
+    ``pre_round``/``grid_round`` (from ``reference.fake_quant_traced``) enable tie-flip detection;
+    without them a >1 ULP mismatch is an ``error``.
+    """
+    e = expected.detach().reshape(-1)
+    g = got.detach().reshape(-1).to(e.device)
+    if e.dtype != g.dtype or e.numel() != g.numel():
+        raise ValueError(f"cannot compare {e.dtype}[{e.numel()}] with {g.dtype}[{g.numel()}]")
+    e_nan, g_nan = torch.isnan(e), torch.isnan(g)
+    e_inf, g_inf = torch.isinf(e), torch.isinf(g)
+    finite = ~(e_nan | g_nan | e_inf | g_inf)
+    nan_mismatch = e_nan ^ g_nan
+    inf_mismatch = (e_inf | g_inf) & ~(e_nan | g_nan) & (e != g)
+    dist = torch.where(finite, ulp_distance(e, g), torch.zeros((), dtype=torch.int64, device=e.device))
+    mismatch = (finite & (dist > 0)) | nan_mismatch | inf_mismatch
+    idx = torch.nonzero(mismatch).reshape(-1)
+    cls = torch.full((idx.numel(),), CLASSES.index("error"), dtype=torch.int8, device=e.device)
+    d = dist[idx]
+    fin = finite[idx]
+    cls = torch.where(fin & (d == 1), torch.tensor(CLASSES.index("ulp1"), dtype=torch.int8, device=e.device), cls)
+    if pre_round is not None and grid_round is not None and idx.numel():
+        big = fin & (d > 1)
+        if bool(big.any()):
+            v = pre_round.detach().reshape(-1).to(e.device)[idx[big]]
+            tie = near_tie(v, grid_round)
+            sub = cls[big]
+            sub = torch.where(tie, torch.tensor(CLASSES.index("tie_flip"), dtype=torch.int8, device=e.device), sub)
+            cls[big] = sub
+    counts = {c: int((cls == k).sum()) for k, c in enumerate(CLASSES)}
+    counts["exact"] = e.numel() - idx.numel()
+    signed_zero = int(((e == 0) & (g == 0) & (torch.signbit(e) != torch.signbit(g))).sum())
+    fd = dist[finite]
+    hist = []
+    for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:] + (None,)):
+        m = fd >= lo if hi is None else (fd >= lo) & (fd < hi)
+        hist.append(int(m.sum()))
+    max_ulp = int(fd.max()) if fd.numel() else 0
+    return Comparison(
+        numel=e.numel(),
+        counts=counts,
+        signed_zero=signed_zero,
+        nan_mismatch=int(nan_mismatch.sum()),
+        inf_mismatch=int(inf_mismatch.sum()),
+        max_ulp=max_ulp,
+        histogram=hist,
+        mismatch_index=idx.cpu(),
+        mismatch_class=cls.cpu(),
+        mismatch_ulp=d.cpu(),
+    )
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise bit-pattern equality (``+0 != -0``; NaN equal only to the same NaN bits)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
+    int_dtype, _ = _INT_VIEW[a.dtype]
+    return a.contiguous().view(int_dtype) == b.contiguous().view(int_dtype)
