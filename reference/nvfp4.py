@@ -62,12 +62,12 @@ def to_blocks(xf: torch.Tensor, block_size: int) -> torch.Tensor:
     pad = (-n) % block_size
     if pad:
         xf = torch.nn.functional.pad(xf, (0, pad))
-    return xf.reshape(*xf.shape[:-1], -1, block_size)
+    return xf.reshape(*xf.shape[:-1], (n + pad) // block_size, block_size)
 
 
 def from_blocks(yb: torch.Tensor, n: int) -> torch.Tensor:
     """Inverse of ``to_blocks``: drop the padding."""
-    return yb.reshape(*yb.shape[:-2], -1)[..., :n]
+    return yb.reshape(*yb.shape[:-2], yb.shape[-2] * yb.shape[-1])[..., :n]
 
 
 def block_amax(x: torch.Tensor, block_size: int = NVFP4_BLOCK) -> torch.Tensor:
