@@ -1,0 +1,31 @@
+"""Parity cases: declarative records (``Case``), their data (``make_inputs``), suites and strategies.
+
+* ``case``          -- the frozen ``Case`` record and its stable id (``Case.from_id`` parses it back);
+* ``shapes``        -- Nemotron shapes, ragged and empty experts;
+* ``grids``         -- where each format's rounding ties sit (derived from ``reference``);
+* ``distributions`` -- value distributions that find bugs (ties, specials, outliers, ...);
+* ``amax``          -- amax policies (calibrated, clipping, tiny, zero, designed);
+* ``inputs``        -- a case -> tensors, seeded by ``global seed + crc32(case id)``;
+* ``catalogue``     -- suites ``smoke``, ``ci``, ``nightly``, ``ultra``;
+* ``strategies``    -- Hypothesis strategies (import ``cases.strategies`` explicitly: needs hypothesis).
+"""
+
+from .case import AMAX_POLICIES, DTYPES, GRANULARITIES, LAYOUTS, Case
+from .catalogue import SUITES, marks, select, suite
+from .inputs import DEFAULT_SEED, CaseInputs, case_seed, make_inputs
+
+__all__ = [
+    "AMAX_POLICIES",
+    "DEFAULT_SEED",
+    "DTYPES",
+    "GRANULARITIES",
+    "LAYOUTS",
+    "SUITES",
+    "Case",
+    "CaseInputs",
+    "case_seed",
+    "make_inputs",
+    "marks",
+    "select",
+    "suite",
+]

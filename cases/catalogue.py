@@ -1,0 +1,157 @@
+"""The case catalogue and its suites.
+
+* ``smoke``   -- a handful of small cases, one per format plus ties and specials: seconds on a CPU.
+* ``ci``      -- the CPU tier: every format x variant x distribution x amax policy x layout on small
+  (often odd) shapes, N in {4, 8, 16}; sized for ~2 minutes on 2 cores with the Triton interpreter.
+* ``ultra``   -- the Ultra cases: upstream production N=32 ``[5120, 8192]`` bf16 and the routed
+  Ultra fc1/fc2 shapes at N = 512 experts / EP 32.
+* ``nightly`` -- everything (GPU): ``ci`` plus N in {4..128} sweeps, Nemotron Nano/Super/Ultra routed
+  shapes (N from experts / EP), ragged and empty experts at large N, and ``ultra``.
+
+Case order is fixed (catalogue order), so pytest ids and xdist scheduling are stable.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from itertools import product
+from typing import Callable, Iterable
+
+from reference import FORMATS, variants
+
+from .case import Case
+from .shapes import NEMOTRON, NEMOTRON_EXPERTS, N_VALUES, ODD_SHAPES, ULTRA_PRODUCTION
+
+SLOW_NUMEL = 1 << 22
+"""Cases above 4M elements (or with N >= 128) are marked ``slow``."""
+GPU_NUMEL = 1 << 26
+"""Cases above 64M elements are marked ``gpu`` (too large for the CPU tier)."""
+
+
+def _default(fmt: str) -> str:
+    return variants(fmt)[0]
+
+
+def _granularities(fmt: str) -> tuple[str, ...]:
+    return ("per_expert",) if fmt == "nvfp4" else ("per_expert", "per_channel")
+
+
+def _valid(**kw) -> list[Case]:
+    """``[Case(**kw)]`` or ``[]`` when the combination is not a valid case."""
+    try:
+        return [Case(**kw)]
+    except ValueError:
+        return []
+
+
+def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
+    seen: dict[str, Case] = {}
+    for c in cases:
+        seen.setdefault(c.id, c)
+    return tuple(seen.values())
+
+
+def smoke() -> tuple[Case, ...]:
+    """One small stacked case per format, plus its ties case and a ragged special case."""
+    out: list[Case] = []
+    for fmt in FORMATS:
+        v = _default(fmt)
+        out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
+        out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
+    out += _valid(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
+    return _unique(out)
+
+
+_CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
+             ("outties", "design"), ("edges", "design"), ("special", "design"), ("nan", "max"), ("zeros", "max"),
+             ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"))
+
+
+def ci() -> tuple[Case, ...]:
+    """The CPU tier (see the module docstring)."""
+    out: list[Case] = list(smoke())
+    for fmt in FORMATS:
+        v = _default(fmt)
+        for (dist, amax), gran in product(_CI_DISTS, _granularities(fmt)):
+            out += _valid(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+        for layout, (n, shape, empty) in product(("list", "ragged"), ((8, (33, 47), 1), (16, (7, 13), 2))):
+            out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
+        for var in variants(fmt)[1:]:
+            for dist, amax in (("ties", "design"), ("outliers", "max"), ("special", "design")):
+                out += _valid(fmt=fmt, variant=var, granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+        for dtype in ("fp16", "fp32"):
+            out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(16, 40), dtype=dtype, dist="ties", amax="design")
+    for fmt in ("int8", "int4"):
+        for opt, dist in product((("narrow_range", True),), ("ties", "edges")):
+            out += _valid(fmt=fmt, variant="cuda", granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax="design", options=(opt,))
+        out += _valid(fmt=fmt, variant="cuda", granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
+    out += _valid(fmt="nvfp4", variant="te", granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
+    return _unique(out)
+
+
+def _nemotron_cases() -> list[Case]:
+    out: list[Case] = []
+    ep = {"nano": 4, "super": 16, "ultra": 32}
+    for model, shapes in NEMOTRON.items():
+        n = NEMOTRON_EXPERTS[model] // ep[model]
+        for (_, shape), fmt in product(shapes.items(), FORMATS):
+            out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
+        for fmt in FORMATS:
+            out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shapes["fc1"], dist="ties", amax="design")
+    return out
+
+
+def ultra() -> tuple[Case, ...]:
+    """Upstream Ultra production case (N=32, [5120, 8192] bf16) and the routed Ultra shapes."""
+    n, shape = ULTRA_PRODUCTION
+    out: list[Case] = []
+    for fmt in FORMATS:
+        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
+    n_routed = NEMOTRON_EXPERTS["ultra"] // 32
+    for (_, s), fmt in product(NEMOTRON["ultra"].items(), FORMATS):
+        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n_routed, shape=s, dist="outliers")
+    return _unique(out)
+
+
+def nightly() -> tuple[Case, ...]:
+    """Everything (see the module docstring)."""
+    out: list[Case] = list(ci())
+    for fmt, n in product(FORMATS, N_VALUES):
+        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=(512, 1024), dist="normal")
+    for fmt, var in ((f, v) for f in FORMATS for v in variants(f)):
+        for (dist, amax), gran, shape in product(_CI_DISTS, _granularities(fmt), ODD_SHAPES[2:]):
+            out += _valid(fmt=fmt, variant=var, granularity=gran, layout="stacked", n=8, shape=shape, dist=dist, amax=amax)
+        out += _valid(fmt=fmt, variant=var, granularity="per_expert", layout="ragged", n=64, shape=(256, 200), empty=5, dist="outliers")
+    out += _nemotron_cases()
+    out += ultra()
+    return _unique(out)
+
+
+SUITES: dict[str, Callable[[], tuple[Case, ...]]] = {"smoke": smoke, "ci": ci, "nightly": nightly, "ultra": ultra}
+
+
+def suite(name: str) -> tuple[Case, ...]:
+    """Cases of suite ``name`` (``ValueError`` naming the known suites otherwise)."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+    return SUITES[name]()
+
+
+def select(cases: Iterable[Case], *, patterns: Iterable[str] = (), formats: Iterable[str] = ()) -> tuple[Case, ...]:
+    """Cases whose id matches any glob of ``patterns`` (all when empty) and whose format is in ``formats``."""
+    pats, fmts = list(patterns), set(formats)
+    return tuple(
+        c for c in cases
+        if (not pats or any(fnmatch.fnmatchcase(c.id, p) for p in pats)) and (not fmts or c.fmt in fmts)
+    )
+
+
+def marks(case: Case) -> tuple[str, ...]:
+    """pytest markers a case carries: ``slow`` (large or N >= 128), ``gpu`` (too large for a CPU)."""
+    numel = case.n * case.shape[0] * case.shape[1]
+    out = []
+    if numel > SLOW_NUMEL or case.n >= 128:
+        out.append("slow")
+    if numel > GPU_NUMEL:
+        out.append("gpu")
+    return tuple(out)

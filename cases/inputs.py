@@ -1,0 +1,71 @@
+"""Materialize a ``Case`` into tensors: weights, amax, output gradients (deterministic per seed).
+
+Seeds: ``case_seed = (global_seed + crc32(case.id)) mod 2**63``; all data comes from one explicit
+CPU ``torch.Generator`` in a fixed order, so the bits do not depend on the device, the test order
+or the xdist worker.  Tensors are built on the CPU and then moved to ``device``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .amax import expert_amax
+from .case import Case
+from .distributions import TORCH_DTYPES, generate
+from .shapes import expert_shapes
+
+DEFAULT_SEED = 1234
+"""The global seed when none is given (CLI ``--seed``, pytest ``--parity-seed``)."""
+
+
+def case_seed(case: Case, global_seed: int = DEFAULT_SEED) -> int:
+    """``(global_seed + crc32(case.id)) mod 2**63``."""
+    return (int(global_seed) + zlib.crc32(case.id.encode())) % (2**63)
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """The tensors of one case.
+
+    * ``weights``: N tensors ``[out_i, in_i]`` of the case dtype (views of ``stacked`` when the layout
+      is ``stacked``);
+    * ``amax``: fp32 ``[N]`` (per expert) or ``[N, out]`` (per channel);
+    * ``grads``: N output gradients like ``weights`` (for the backward checks);
+    * ``stacked``: the ``[N, out, in]`` tensor for the stacked layout, else ``None``.
+    """
+
+    case: Case
+    seed: int
+    weights: list[torch.Tensor]
+    amax: torch.Tensor
+    grads: list[torch.Tensor]
+    stacked: Optional[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a fake quant reads plus writes (input + output of every expert)."""
+        return 2 * sum(w.numel() * w.element_size() for w in self.weights)
+
+
+def make_inputs(case: Case, global_seed: int = DEFAULT_SEED, device: str | torch.device = "cpu") -> CaseInputs:
+    """Build the tensors of ``case`` (see the module docstring)."""
+    seed = case_seed(case, global_seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = TORCH_DTYPES[case.dtype]
+    shapes = expert_shapes(case)
+    gen_out = generate(case, gen, shapes)
+    design = gen_out.design_amax or [None] * len(shapes)
+    amax = torch.stack([expert_amax(case, i, x, d) for i, (x, d) in enumerate(zip(gen_out.values, design))])
+    grads = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    dev = torch.device(device)
+    if case.layout == "stacked":
+        stacked = torch.stack([v.to(dtype) for v in gen_out.values]).to(dev)
+        weights = list(stacked.unbind(0))
+    else:
+        stacked = None
+        weights = [v.to(dtype).to(dev) for v in gen_out.values]
+    return CaseInputs(case, seed, weights, amax.to(torch.float32).to(dev), [g.to(dev) for g in grads], stacked)
