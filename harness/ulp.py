@@ -75,11 +75,14 @@ class Comparison:
     mismatch_ulp: torch.Tensor = field(repr=False)
 
     def passes(self, mode: str) -> bool:
-        """Verdict under ``strict`` (all exact) or ``1-ulp`` (exact or 1 ULP; tie flips fail)."""
+        """Verdict under ``strict`` (bit-exact: all exact and no sign-of-zero difference) or
+        ``1-ulp`` (exact or 1 ULP; tie flips and errors fail)."""
         limit = MAX_ULP[mode]
         if self.counts["error"] or self.counts["tie_flip"]:
             return False
-        return self.counts["ulp1"] == 0 if limit == 0 else True
+        if limit == 0:
+            return self.counts["ulp1"] == 0 and self.signed_zero == 0
+        return True
 
 
 def compare(
