@@ -1,0 +1,1 @@
+"""The harness tests itself: deliberately broken backends (mutants) every check must catch."""
