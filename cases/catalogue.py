@@ -63,7 +63,7 @@ def smoke() -> tuple[Case, ...]:
 
 
 _CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
-             ("outties", "design"), ("edges", "design"), ("special", "design"), ("nan", "max"), ("zeros", "max"),
+             ("outties", "design"), ("neartie", "design"), ("edges", "design"), ("special", "design"), ("nan", "max"), ("zeros", "max"),
              ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"))
 
 
@@ -77,7 +77,7 @@ def ci() -> tuple[Case, ...]:
         for layout, (n, shape, empty) in product(("list", "ragged"), ((8, (33, 47), 1), (16, (7, 13), 2))):
             out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
         for var in variants(fmt)[1:]:
-            for dist, amax in (("ties", "design"), ("outliers", "max"), ("special", "design")):
+            for dist, amax in (("ties", "design"), ("neartie", "design"), ("outliers", "max"), ("special", "design")):
                 out += _valid(fmt=fmt, variant=var, granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
         for dtype in ("fp16", "fp32"):
             out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(16, 40), dtype=dtype, dist="ties", amax="design")

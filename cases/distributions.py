@@ -16,6 +16,10 @@ some also return the amax they were built for (``design`` amax policy):
   and every fourth block a block-scale tie (block max ``6 * m8 * 2**-k``, ``m8`` an E4M3 midpoint).
 * ``outties``  -- ties of the final fp32 -> bf16 cast (INT, FP8): scale ``2**k / (1 + 2**-8)`` and
   inputs ``2**(p-k)``, so ``y = q / s`` lands on a bf16 midpoint.
+* ``neartie``  -- near ties at an arbitrary (not power-of-two) scale (INT, FP8): per expert (per row
+  for per-channel) a random input ``x0`` and grid midpoint ``m``, amax ``= c / (m / x0)`` in fp32, so
+  ``x0 * s`` lands within a few fp32 ulps of ``m``; a quarter of the elements are ``±x0``.  Op orders
+  whose scale differs in the last bit (``reciprocal``, ``step``) flip some of these (FINDINGS §2, §5).
 * ``edges``    -- values at amax, one input ulp either side of it, at 2x amax (clipping), designed amax.
 * ``special``  -- ±0, subnormals of the input dtype, the dtype's max; NaN and ±inf for INT/FP8
   (defined there); designed amax cycles over experts/rows: the max of the ordinary values (the
@@ -199,6 +203,26 @@ def _outties(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values, amax)
 
 
+def _neartie(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+    opts = _scale_options(case)
+    c = torch.tensor(scale_numerator(case.fmt, unsigned=opts["unsigned"]))
+    mids = midpoints(case.fmt, **opts)
+    mids = mids[mids.abs() >= 1.0] if case.fmt.startswith("int") else mids[mids.abs() >= 2.0]
+    values, amax = [], []
+    for o, k in shapes:
+        rows = max(o, 1) if case.granularity == "per_channel" else 1
+        x0 = _exact(10.0 ** (-3 + 3 * torch.rand((rows,), generator=gen)), case)
+        m = mids[torch.randint(0, mids.numel(), (rows,), generator=gen)].abs()
+        a = c / (m / x0)
+        x = _exact(torch.randn((o, k), generator=gen) * (a[:o].unsqueeze(-1) if rows > 1 else a) / 3, case)
+        pick = torch.rand((o, k), generator=gen) < 0.25
+        sign = _signs(gen, (o, k), case)
+        x0_full = (x0[:o].unsqueeze(-1) if rows > 1 else x0).expand(o, k)
+        values.append(torch.where(pick, sign * x0_full, x))
+        amax.append(a if case.granularity == "per_channel" else a[0])
+    return Generated(values, amax)
+
+
 def _normal(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated([_exact(torch.randn((o, k), generator=gen) * 0.02, case) for o, k in shapes])
 
@@ -318,6 +342,7 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "spread": Distribution(_spread),
     "ties": Distribution(_ties, designs_amax=True),
     "outties": Distribution(_outties, formats=_INT_FP8, designs_amax=True),
+    "neartie": Distribution(_neartie, formats=_INT_FP8, designs_amax=True),
     "edges": Distribution(_edges, designs_amax=True),
     "special": Distribution(_special, designs_amax=True),
     "nan": Distribution(_nan, formats=frozenset({"nvfp4"})),
@@ -333,7 +358,7 @@ def supports(case: "Case") -> Optional[str]:
         return f"dist={case.dist!r} applies to {sorted(d.formats)} only"
     if case.amax == "design" and not d.designs_amax:
         return f"amax='design' needs a distribution that designs amax, not {case.dist!r}"
-    if d.designs_amax and case.dist in ("ties", "outties") and case.amax != "design":
+    if d.designs_amax and case.dist in ("ties", "outties", "neartie") and case.amax != "design":
         return f"dist={case.dist!r} is built for its designed amax: use amax='design'"
     if case.fmt == "nvfp4" and case.dist == "ties" and case.granularity != "per_expert":
         return "nvfp4 ties are per expert"

@@ -53,7 +53,7 @@ def _draw_case(draw, *, formats, all_variants, granularities, layouts, dists, am
     dist_ok = [d for d in dists if DISTRIBUTIONS[d].formats is None or fmt in DISTRIBUTIONS[d].formats]
     dist = draw(st.sampled_from(dist_ok or ["normal"]))
     designed = DISTRIBUTIONS[dist].designs_amax
-    if dist in ("ties", "outties"):
+    if dist in ("ties", "outties", "neartie"):
         amax_ok = ["design"]
     else:
         amax_ok = [a for a in amax_policies if a != "design" or designed] or ["max"]

@@ -1,0 +1,78 @@
+"""Built-in backend ``triton``: adapter over our Triton kernel in ``kernels/`` (probed at runtime).
+
+``kernels`` mirrors the reference's names (STYLE habit 4).  The adapter needs
+``kernels.fake_quant_experts(weights, amax, fmt, variant=None, **options)`` and uses, when present,
+``kernels.ste_backward_experts(weights, amax, grads, mode)``, ``kernels.fake_quant(x, amax, fmt,
+variant=None, **options)`` (stacked ``[N, out, in]``), ``kernels.FORMATS`` and ``kernels.variants(fmt)``; a missing optional entry point raises
+``NotImplementedError``, which the checks record as *skipped* with that reason.
+Without CUDA it runs under the Triton interpreter (``TRITON_INTERPRET=1`` is set before ``kernels``
+is imported).  Anything missing makes the backend *unavailable with the reason*, never passed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Optional, Sequence
+
+import torch
+
+from reference import FORMATS
+
+REQUIRED = "fake_quant_experts"
+
+
+def _import_kernels() -> tuple[Optional[Any], str]:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # noqa: BLE001
+        return None, f"triton does not import: {type(exc).__name__}: {exc}"
+    try:
+        mod = importlib.import_module("kernels")
+    except Exception as exc:  # noqa: BLE001
+        return None, f"kernels does not import: {type(exc).__name__}: {exc}"
+    if not callable(getattr(mod, REQUIRED, None)):
+        return None, f"kernels API not found: kernels.{REQUIRED} is missing"
+    return mod, ""
+
+
+class TritonBackend:
+    """Our Triton kernel behind the backend contract (see the module docstring)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._kernels, self._reason = _import_kernels()
+        k = self._kernels
+        self.formats = set(getattr(k, "FORMATS", FORMATS)) if k is not None else set(FORMATS)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.interpreter = self.device == "cpu"
+
+    def available(self) -> tuple[bool, str]:
+        if self._kernels is None:
+            return False, self._reason
+        return True, "Triton interpreter (TRITON_INTERPRET=1) on CPU" if self.interpreter else ""
+
+    def _check_variant(self, fmt: str, variant: Optional[str]) -> None:
+        probe = getattr(self._kernels, "variants", None)
+        if variant is not None and callable(probe) and variant not in probe(fmt):
+            raise NotImplementedError(f"kernels implements variants {tuple(probe(fmt))} of {fmt}, not {variant!r}")
+
+    def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: Optional[str] = None, **options) -> list[torch.Tensor]:
+        self._check_variant(fmt, variant)
+        return list(self._kernels.fake_quant_experts(weights, amax, fmt, variant, **options))
+
+    def _optional(self, name: str):
+        fn = getattr(self._kernels, name, None)
+        if not callable(fn):
+            raise NotImplementedError(f"kernels.{name} is not there")
+        return fn
+
+    def fake_quant_stacked(self, weight: torch.Tensor, amax: torch.Tensor, fmt: str, variant: Optional[str] = None, **options) -> torch.Tensor:
+        self._check_variant(fmt, variant)
+        return self._optional("fake_quant")(weight, amax, fmt, variant, **options)
+
+    def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[torch.Tensor]:
+        return list(self._optional("ste_backward_experts")(weights, amax, grads, mode))

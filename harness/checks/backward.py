@@ -1,0 +1,57 @@
+"""Backward parity: the straight-through estimator, bit for bit.
+
+``pass_through``: grad_in is grad_out.  ``clipped``: grad_out where ``|x| <= amax`` (inclusive) else
+``+0``.  Any bit difference fails (a ``-0`` for ``+0`` included).  Offenders carry the element's
+amax in ``pre_round``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+import reference
+from reference import split_expert_amax
+
+from harness.ulp import CLASSES, Comparison, bits_equal, compare, ulp_distance
+
+from .common import (
+    CheckContext, call_backend, call_options, mismatch_message, not_run_reason, offenders_of, problems_of, record, summarize,
+)
+
+
+def _bitwise(expected: torch.Tensor, got: torch.Tensor) -> Comparison:
+    """``harness.ulp.compare`` re-classified bitwise: any bit difference is an ``error``."""
+    comp = compare(expected, got)
+    differ = torch.nonzero(~bits_equal(expected, got.to(expected.device)).reshape(-1)).reshape(-1)
+    ulp = torch.where(torch.isfinite(expected.reshape(-1)[differ]) & torch.isfinite(got.reshape(-1)[differ].to(expected.device)),
+                      ulp_distance(expected.reshape(-1)[differ], got.reshape(-1)[differ].to(expected.device)), 0)
+    counts = dict.fromkeys(CLASSES, 0)
+    counts["exact"], counts["error"] = comp.numel - differ.numel(), int(differ.numel())
+    return replace(comp, counts=counts, mismatch_index=differ.cpu(), mismatch_ulp=ulp.cpu(),
+                   mismatch_class=torch.full((differ.numel(),), CLASSES.index("error"), dtype=torch.int8))
+
+
+def check_backward(ctx: CheckContext, mode: str):
+    """Compare ``backend.ste_backward(..., mode)`` with ``reference.ste_backward_experts``."""
+    check = f"backward.{mode}"
+    case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
+    if case.fmt not in be.formats:
+        return record(ctx, check, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
+    if not callable(getattr(be, "ste_backward", None)):
+        return record(ctx, check, "skip", "backend has no ste_backward (optional in the contract)")
+    expected = reference.ste_backward_experts(inputs.weights, inputs.amax, inputs.grads, mode)
+    call = call_backend(ctx, lambda: be.ste_backward(inputs.weights, inputs.amax, inputs.grads, case.fmt, mode, **call_options(case)))
+    timing = {"duration_s": call.seconds}
+    if (reason := not_run_reason(ctx, call)) is not None:
+        return record(ctx, check, "skip", reason, **timing)
+    if (problem := problems_of(call, inputs.grads)) is not None:
+        return record(ctx, check, "fail", problem, **timing)
+    comps = [_bitwise(e, g) for e, g in zip(expected, call.value)]
+    fields = summarize(comps, inputs.amax)
+    verdict = "pass" if fields["counts"]["exact"] == case.numel else "fail"
+    amax_full = [a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w) for w, a in zip(inputs.weights, split_expert_amax(inputs.weights, inputs.amax))]
+    offenders = offenders_of(comps, inputs.weights, expected, call.value, amax_full)
+    msg = mismatch_message(fields, case.numel)
+    return record(ctx, check, verdict, (msg + " (bitwise)") if msg else "", offenders=offenders, **fields, **timing)

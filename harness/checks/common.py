@@ -1,0 +1,145 @@
+"""What every check shares: the context, backend options, guarded calls and record assembly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from cases import CaseInputs
+from harness.backends import LoadedBackend
+from harness.guard import Call, guarded, output_problems
+from harness.records import CheckRecord, ExpertStats, Offender
+from harness.repro import repro_command
+from harness.ulp import CLASSES, HIST_EDGES, Comparison
+
+MAX_OFFENDERS = 10
+"""How many offenders a record keeps (the first, in expert/row/col order)."""
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """One backend on one case: everything a check needs."""
+
+    backend: LoadedBackend
+    inputs: CaseInputs
+    seed: int
+    mode: str = "strict"
+    timeout_s: Optional[float] = 120.0
+    copy_gbps: Optional[float] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def case(self):
+        return self.inputs.case
+
+
+def call_options(case) -> dict[str, Any]:
+    """Backend keyword options of ``case``: its options, plus ``variant`` when it is not the default."""
+    from reference import default_variant
+
+    opts = dict(case.option_dict)
+    if case.variant != default_variant(case.fmt):
+        opts["variant"] = case.variant
+    return opts
+
+
+def reference_options(case) -> dict[str, Any]:
+    """Keyword options for ``reference.fake_quant*`` (the variant is passed positionally there)."""
+    return dict(case.option_dict)
+
+
+def record(ctx: CheckContext, check: str, verdict: str, message: str = "", **fields: Any) -> CheckRecord:
+    """A ``CheckRecord`` with the case/backend fields and the repro command filled in."""
+    case = ctx.case
+    return CheckRecord(
+        case_id=case.id, backend=ctx.backend.spec, check=check, verdict=verdict, fmt=case.fmt, n=case.n,
+        numel=case.numel, mode=ctx.mode, message=message,
+        repro=repro_command(case.id, ctx.backend.spec, check, ctx.seed, ctx.mode), **fields,
+    )
+
+
+def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
+    return guarded(fn, ctx.timeout_s)
+
+
+def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
+    """A skip reason when the backend declined (``NotImplementedError``), else ``None``."""
+    if isinstance(call.error, NotImplementedError):
+        return f"backend does not implement this: {call.message}"
+    return None
+
+
+def problems_of(call: Call, like: Sequence[torch.Tensor]) -> Optional[str]:
+    """Failure message of a call that raised or returned malformed outputs, else ``None``."""
+    if not call.ok:
+        return f"backend raised {call.message}"
+    bad = output_problems(call.value, like)
+    return "; ".join(bad) if bad else None
+
+
+def _scalar(t: torch.Tensor, i: int) -> float:
+    return float(t.reshape(-1)[i].float())
+
+
+def offenders_of(
+    comps: Sequence[Comparison], inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor],
+    pre: Optional[Sequence[Optional[torch.Tensor]]] = None, limit: int = MAX_OFFENDERS,
+) -> tuple[Offender, ...]:
+    """The first ``limit`` mismatching elements over the experts, with their inputs and values."""
+    out: list[Offender] = []
+    for e, comp in enumerate(comps):
+        cols = inputs[e].shape[-1] if inputs[e].dim() else 1
+        for j in range(min(comp.mismatch_index.numel(), limit - len(out))):
+            i = int(comp.mismatch_index[j])
+            p = pre[e] if pre is not None else None
+            out.append(Offender(
+                expert=e, row=i // cols, col=i % cols, input=_scalar(inputs[e], i), expected=_scalar(expected[e], i),
+                got=_scalar(got[e], i), pre_round=_scalar(p, i) if p is not None else None,
+                ulp=int(comp.mismatch_ulp[j]), cls=CLASSES[int(comp.mismatch_class[j])],
+            ))
+        if len(out) >= limit:
+            break
+    return tuple(out)
+
+
+def expert_amax_value(amax: torch.Tensor, e: int) -> float:
+    """The amax shown for expert ``e`` (per channel: its largest row amax)."""
+    a = amax[e]
+    return float(a.max()) if a.numel() else 0.0
+
+
+def summarize(comps: Sequence[Comparison], amax: torch.Tensor) -> dict[str, Any]:
+    """Aggregate per-expert comparisons into record fields (counts, histogram, per-expert stats)."""
+    counts = {c: sum(comp.counts[c] for comp in comps) for c in CLASSES}
+    hist = [sum(comp.histogram[k] for comp in comps) for k in range(len(HIST_EDGES))]
+    per = tuple(
+        ExpertStats(expert=e, numel=comp.numel, amax=expert_amax_value(amax, e), max_ulp=comp.max_ulp, counts=dict(comp.counts))
+        for e, comp in enumerate(comps)
+    )
+    return {
+        "counts": counts,
+        "histogram": tuple(hist),
+        "max_ulp": max((comp.max_ulp for comp in comps), default=0),
+        "signed_zero": sum(comp.signed_zero for comp in comps),
+        "nan_mismatch": sum(comp.nan_mismatch for comp in comps),
+        "inf_mismatch": sum(comp.inf_mismatch for comp in comps),
+        "per_expert": per,
+    }
+
+
+def mismatch_message(fields: dict[str, Any], numel: int) -> str:
+    """One line: how many elements differ, by class, where, and NaN/inf disagreements."""
+    c = fields["counts"]
+    bad = numel - c["exact"]
+    if not bad:
+        return ""
+    experts = [s.expert for s in fields["per_expert"] if s.counts["exact"] != s.numel]
+    parts = [f"{k} {c[k]}" for k in CLASSES[1:] if c[k]]
+    msg = f"{bad} of {numel} elements differ ({', '.join(parts)}; max {fields['max_ulp']} ULP) in experts {experts[:12]}{'...' if len(experts) > 12 else ''}"
+    if fields["nan_mismatch"]:
+        msg += f"; {fields['nan_mismatch']} NaN disagreements (NaN where the reference has none, or the reverse)"
+    if fields["inf_mismatch"]:
+        msg += f"; {fields['inf_mismatch']} inf disagreements"
+    return msg

@@ -1,0 +1,97 @@
+"""Invariants of one backend, bit for bit (no reference involved).
+
+* ``invariant.layout``  -- N separate tensors, N views of one stacked ``[N, out, in]`` tensor, and the
+  backend's optional ``fake_quant_stacked`` give identical bits.
+* ``invariant.grouped`` -- one grouped call over all experts equals N calls of one expert each.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from harness.ulp import CLASSES
+
+from .common import CheckContext, call_backend, call_options, not_run_reason, offenders_of, problems_of, record, summarize
+from .backward import _bitwise
+
+
+def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor], other: Sequence[torch.Tensor], what: str):
+    comps = [_bitwise(b, o) for b, o in zip(base, other)]
+    fields = summarize(comps, ctx.inputs.amax)
+    bad = ctx.case.numel - fields["counts"]["exact"]
+    if not bad:
+        return None
+    offenders = offenders_of(comps, ctx.inputs.weights, base, other)
+    return record(ctx, check, "fail", f"{what}: {bad} of {ctx.case.numel} elements differ bitwise", offenders=offenders, **fields)
+
+
+def _pass_fields(ctx: CheckContext) -> dict:
+    counts = dict.fromkeys(CLASSES, 0)
+    counts["exact"] = ctx.case.numel
+    return {"counts": counts}
+
+
+def check_layout(ctx: CheckContext):
+    """List of separate tensors vs views of one stacked tensor vs ``fake_quant_stacked``."""
+    check = "invariant.layout"
+    case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
+    if case.fmt not in be.formats:
+        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+    ws = inputs.weights
+    if case.layout == "ragged" or case.empty or any(w.shape != ws[0].shape for w in ws):
+        return record(ctx, check, "skip", "layout invariant needs experts of one shape")
+    opts = call_options(case)
+    stacked = inputs.stacked if inputs.stacked is not None else torch.stack(ws)
+    separate = [w.clone() for w in ws]
+    runs = {}
+    for label, fn in (("separate", lambda: be.fake_quant(separate, inputs.amax, case.fmt, **opts)),
+                      ("stacked views", lambda: be.fake_quant(list(stacked.unbind(0)), inputs.amax, case.fmt, **opts))):
+        call = call_backend(ctx, fn)
+        if (reason := not_run_reason(ctx, call)) is not None:
+            return record(ctx, check, "skip", reason)
+        if (problem := problems_of(call, ws)) is not None:
+            return record(ctx, check, "fail", f"{label}: {problem}")
+        runs[label] = call.value
+    notes = ""
+    if callable(getattr(be, "fake_quant_stacked", None)):
+        call = call_backend(ctx, lambda: be.fake_quant_stacked(stacked, inputs.amax, case.fmt, **opts))
+        if not_run_reason(ctx, call) is not None:
+            notes = "fake_quant_stacked not implemented; list layouts only"
+        elif not call.ok:
+            return record(ctx, check, "fail", f"fake_quant_stacked raised {call.message}")
+        elif not isinstance(call.value, torch.Tensor) or call.value.shape != stacked.shape or call.value.dtype != stacked.dtype:
+            return record(ctx, check, "fail", f"fake_quant_stacked returned {type(call.value).__name__} {getattr(call.value, 'shape', '')}, expected {tuple(stacked.shape)} {stacked.dtype}")
+        else:
+            runs["fake_quant_stacked"] = list(call.value.unbind(0))
+    else:
+        notes = "backend has no fake_quant_stacked; list layouts only"
+    base = runs.pop("separate")
+    for label, other in runs.items():
+        failed = _compare_runs(ctx, check, base, other, f"separate tensors vs {label}")
+        if failed is not None:
+            return failed
+    return record(ctx, check, "pass", notes, **_pass_fields(ctx))
+
+
+def check_grouped(ctx: CheckContext):
+    """One grouped call vs a per-expert loop of one-expert calls."""
+    check = "invariant.grouped"
+    case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
+    if case.fmt not in be.formats:
+        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+    opts = call_options(case)
+    grouped = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
+    if (reason := not_run_reason(ctx, grouped)) is not None:
+        return record(ctx, check, "skip", reason)
+    if (problem := problems_of(grouped, inputs.weights)) is not None:
+        return record(ctx, check, "fail", f"grouped call: {problem}")
+    loop = []
+    for i, w in enumerate(inputs.weights):
+        call = call_backend(ctx, lambda: be.fake_quant([w], inputs.amax[i:i + 1], case.fmt, **opts))
+        if (problem := problems_of(call, [w])) is not None:
+            return record(ctx, check, "fail", f"one-expert call for expert {i}: {problem}")
+        loop.append(call.value[0])
+    failed = _compare_runs(ctx, check, grouped.value, loop, "grouped call vs per-expert calls")
+    return failed or record(ctx, check, "pass", **_pass_fields(ctx))
