@@ -1,0 +1,97 @@
+"""amax validation and addressing for the kernels (layout only, no arithmetic).
+
+The kernel reads amax element ``(e, r)`` (expert ``e``, row ``r``) at ``e*se + r*sr`` of an fp32
+buffer.  Granularities (as in ``reference/granularity.py``):
+
+* per tensor ``()``/``(1,)`` (stacked input only): ``se = sr = 0``;
+* per expert ``[N]`` (``x.shape[:-2]`` when stacked): ``sr = 0``;
+* per channel ``[N, out]`` (``x.shape[:-1]`` when stacked): one value per output row.
+
+Non-fp32 float amax is converted to fp32 (exact for bf16/fp16).  An amax on another device than the
+weights is an error, not a silent copy.  Values (finite, >= 0) are checked on the device by
+``value_errors`` and reported after the launch, with the kernel's own flags, in a single sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AmaxView:
+    """fp32 amax buffer plus strides; ``per_channel`` tells the kernel to read one value per row."""
+
+    data: torch.Tensor
+    se: int
+    sr: int
+    per_channel: bool
+
+
+def _as_fp32(amax: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
+    if not amax.is_floating_point():
+        raise TypeError(f"amax must be a float tensor, got {amax.dtype}")
+    if amax.device != device:
+        raise ValueError(f"amax is on {amax.device} but the input is on {device}")
+    return amax if amax.dtype == torch.float32 else amax.to(torch.float32)
+
+
+def _view(a: torch.Tensor, per_channel: bool) -> AmaxView:
+    if per_channel:
+        return AmaxView(a, a.stride(0), a.stride(1), True)
+    return AmaxView(a, a.stride(0) if a.dim() else 0, 0, False)
+
+
+def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, nvfp4: bool) -> AmaxView:
+    """``[N]`` (per expert) or ``[N, out]`` (per channel, every expert having ``out`` rows)."""
+    a = _as_fp32(amax, device)
+    n = len(rows)
+    if a.dim() == 0 or a.shape[0] != n:
+        raise ValueError(f"amax shape {tuple(a.shape)} does not give one entry per expert for N={n}")
+    if a.dim() == 1:
+        return _view(a, False)
+    if a.dim() == 2:
+        if nvfp4:
+            raise ValueError("NVFP4 takes a per-tensor or per-expert global amax, not a per-channel one")
+        for i, r in enumerate(rows):
+            if r != a.shape[1]:
+                raise ValueError(f"per-channel amax {tuple(a.shape)} does not fit expert {i} with {r} rows")
+        return _view(a, True)
+    raise ValueError(f"amax must be [N] or [N, out], got {tuple(a.shape)}")
+
+
+def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device, *, nvfp4: bool) -> AmaxView:
+    """amax for one tensor ``[..., out, in]`` viewed as ``[N, out, in]`` (``N`` = product of leads)."""
+    a = _as_fp32(amax, device)
+    s = tuple(a.shape)
+    lead = tuple(shape[:-2]) if len(shape) >= 2 else ()
+    n = int(torch.Size(lead).numel())
+    if s in ((), (1,)):
+        return AmaxView(a.reshape(()), 0, 0, False)
+    if len(shape) >= 3 and s == lead:
+        return _view(a.reshape(n), False)
+    if len(shape) >= 2 and s == tuple(shape[:-1]):
+        if nvfp4:
+            raise ValueError("NVFP4 takes a per-tensor or per-expert global amax, not a per-channel one")
+        return _view(a.reshape(n, shape[-2]), True)
+    raise ValueError(
+        f"amax shape {s} does not fit input shape {tuple(shape)}: expected (), (1,), "
+        f"{lead} (per expert) or {tuple(shape[:-1])} (per channel)"
+    )
+
+
+def value_errors(a: torch.Tensor) -> torch.Tensor:
+    """int32 ``[3]`` on ``a``'s device: any NaN, any infinite, any negative amax (no sync)."""
+    if a.numel() == 0:
+        return torch.zeros(3, dtype=torch.int32, device=a.device)
+    return torch.stack([torch.isnan(a).any(), torch.isinf(a).any(), (a < 0).any()]).to(torch.int32)
+
+
+def raise_value_errors(flags: list[int]) -> None:
+    """Raise ``ValueError`` for the first set flag of ``value_errors``."""
+    for bad, what in zip(flags, ("NaN", "infinite", "negative")):
+        if bad:
+            raise ValueError(f"amax is {what}; amax must be finite and >= 0")

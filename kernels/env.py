@@ -1,0 +1,73 @@
+"""Where the Triton kernels can run, decided once per process.
+
+* On a CUDA device when Triton imports.
+* On CPU tensors when Triton runs in interpreter mode (``TRITON_INTERPRET=1`` set before Triton is
+  first imported): the CPU tier of the tests.
+* Nowhere else: callers use the reference (the module adapter's soft gate) or get ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+def interpret_mode() -> bool:
+    """True when Triton was (or will be) imported in interpreter mode."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # any import failure means "no Triton", whatever its cause
+        return False
+    return True
+
+
+def kernel_supported(device: torch.device) -> bool:
+    """Can the Triton kernels run on tensors living on ``device``?"""
+    if not triton_importable():
+        return False
+    if device.type == "cuda":
+        return not interpret_mode() and torch.cuda.is_available()
+    return device.type == "cpu" and interpret_mode()
+
+
+def require_kernel(device: torch.device) -> None:
+    """Raise ``RuntimeError`` naming the reason when the kernels cannot run on ``device``."""
+    if kernel_supported(device):
+        return
+    if not triton_importable():
+        raise RuntimeError("Triton is not importable; use the reference (reference.fake_quant_experts)")
+    if device.type == "cpu":
+        raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+    raise RuntimeError(f"the Triton kernels do not run on {device} (interpreter mode: {interpret_mode()})")
+
+
+@functools.lru_cache(maxsize=None)
+def exact_fma(device_type: str) -> bool:
+    """Does ``tl.fma`` round once on this back end?
+
+    Always on the GPU (``fma.rn.f32``).  Triton's interpreter computed ``x*y+z`` with two roundings
+    before 3.7; probe it with a case where that matters: ``(1+2**-12)**2 - (1+2**-11)`` is
+    ``2**-24`` fused and ``0`` unfused.
+    """
+    if device_type == "cuda":
+        return True
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _probe(a_ptr, o_ptr):
+        a = tl.load(a_ptr)
+        tl.store(o_ptr, tl.fma(a, a, -(a + a - 1.0)))
+
+    a = torch.tensor([1.0 + 2.0**-12], dtype=torch.float32)
+    out = torch.empty(1, dtype=torch.float32)
+    _probe[(1,)](a, out)
+    return float(out[0]) == 2.0**-24

@@ -1,0 +1,98 @@
+"""Format constants and option parsing for the Triton kernels (host side).
+
+``kernels/`` may not import ``reference/`` outside the soft-gate fallback, so the few numbers the
+kernels need are restated here *once*; ``tests/kernels/test_formats.py`` asserts each equals its
+``reference.constants`` counterpart, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FORMATS: tuple[str, ...] = ("int8", "int4", "fp8_e4m3", "nvfp4")
+FORMAT_BITS: dict[str, int] = {"int8": 8, "int4": 4}
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
+E4M3_MAX = 448.0  # 0x43E00000: largest finite E4M3 magnitude, 1.75 * 2**8
+E2M1_MAX = 6.0  # largest E2M1 magnitude, 1.5 * 2**2
+NVFP4_BLOCK = 16  # NVFP4 block length along the last dim (the only one the kernel implements)
+NVFP4_GLOBAL_SCALE_NUM = E4M3_MAX * E2M1_MAX  # 2688.0
+TINY_AMAX = 2.0**-24  # 5.96e-08: INT amax < TINY -> zeros; FP8 amax <= TINY -> treated as 1
+FP32_MAX = 3.4028234663852886e38  # 0x7F7FFFFF
+
+DEFAULT_VARIANTS: dict[str, str] = {"int8": "cuda", "int4": "cuda", "fp8_e4m3": "cuda", "nvfp4": "te"}
+"""The reference variant each kernel format reproduces bit for bit."""
+
+FMT_INT, FMT_FP8, FMT_NVFP4 = 0, 1, 2
+"""Kernel-side format codes (constexpr)."""
+
+IO_BF16, IO_FP16, IO_FP32 = 0, 1, 2
+IO_CODES: dict[torch.dtype, int] = {torch.bfloat16: IO_BF16, torch.float16: IO_FP16, torch.float32: IO_FP32}
+BITS_DTYPE: dict[torch.dtype, torch.dtype] = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+}
+"""Integer dtype of the same width: the kernels move raw bits and round with integer ops."""
+
+
+def int_bounds(num_bits: int, *, unsigned: bool, narrow_range: bool) -> tuple[float, float]:
+    """``(lo, qmax)`` of the INT grid: qmax = 2**(b-1)-1 signed, 2**b-1 unsigned; lo = 0 / -qmax / -qmax-1."""
+    qmax = float(2 ** (num_bits - 1 + int(unsigned)) - 1)
+    if unsigned:
+        return 0.0, qmax
+    return (-qmax if narrow_range else -qmax - 1.0), qmax
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """A validated format + options, as the kernel launch needs them.
+
+    * ``code``: ``FMT_INT | FMT_FP8 | FMT_NVFP4``.
+    * ``lo``, ``qmax``: INT grid bounds (0 for the other formats).
+    * ``unsigned``: INT only; negative input is an error (checked in-kernel, raised on the host).
+    """
+
+    fmt: str
+    code: int
+    lo: float = 0.0
+    qmax: float = 0.0
+    unsigned: bool = False
+
+
+_OPTIONS: dict[str, frozenset[str]] = {
+    "int8": frozenset({"unsigned", "narrow_range"}),
+    "int4": frozenset({"unsigned", "narrow_range"}),
+    "fp8_e4m3": frozenset(),
+    "nvfp4": frozenset({"block_size"}),
+}
+
+
+def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
+    """Validate ``fmt``/``variant``/``options`` (mirroring ``reference.api``) into a ``QuantSpec``.
+
+    Raises ``ValueError`` for an unknown format, a non-default variant or a block size other than 16,
+    ``TypeError`` for options the format does not take (``block_amax`` included: it belongs to the
+    ``modelopt_static`` variant, which the kernel does not implement).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; known: {FORMATS}")
+    if variant not in (None, "default", DEFAULT_VARIANTS[fmt]):
+        raise ValueError(
+            f"the kernel implements only the default variant {DEFAULT_VARIANTS[fmt]!r} of {fmt}, got {variant!r}"
+        )
+    unknown = set(options) - _OPTIONS[fmt]
+    if unknown:
+        raise TypeError(f"{fmt} does not take option(s) {sorted(unknown)}; it takes {sorted(_OPTIONS[fmt])}")
+    if fmt in FORMAT_BITS:
+        unsigned = bool(options.get("unsigned", False))
+        lo, qmax = int_bounds(FORMAT_BITS[fmt], unsigned=unsigned, narrow_range=bool(options.get("narrow_range", False)))
+        return QuantSpec(fmt, FMT_INT, lo, qmax, unsigned)
+    if fmt == "fp8_e4m3":
+        return QuantSpec(fmt, FMT_FP8)
+    block = options.get("block_size", NVFP4_BLOCK)
+    if block != NVFP4_BLOCK:
+        raise ValueError(f"the nvfp4 kernel implements block_size={NVFP4_BLOCK} only, got {block!r}")
+    return QuantSpec(fmt, FMT_NVFP4)

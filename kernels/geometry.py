@@ -1,0 +1,112 @@
+"""Host-side layout: validation of expert lists / stacked weights and the launch geometry.
+
+Layout only, no arithmetic.  An expert is viewed as a row-major ``[rows, cols]`` matrix
+(``cols`` = last dim, ``rows`` = product of the others); the kernels tile it with ``[BR, BC]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .formats import FLOAT_DTYPES
+
+MAX_EXPERTS = 65535  # CUDA grid y-dimension limit: experts are program_id(1)
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """``BR x BC`` elements per program; ``num_warps`` per program."""
+
+    br: int
+    bc: int
+    num_warps: int
+
+
+def expert_matrix_shape(w: torch.Tensor) -> tuple[int, int]:
+    """``(rows, cols)`` of an expert tensor of shape ``[..., cols]`` (at least 1-D)."""
+    cols = int(w.shape[-1])
+    rows = int(w.numel() // cols) if cols else int(torch.Size(w.shape[:-1]).numel())
+    return rows, cols
+
+
+def check_expert_list(weights: Sequence[torch.Tensor], what: str = "weights") -> tuple[torch.dtype, torch.device]:
+    """Validate a non-empty list of experts: tensors, >= 1-D, one float dtype, one device, contiguous.
+
+    Returns ``(dtype, device)``.  Errors name the offending expert.
+    """
+    if isinstance(weights, torch.Tensor):
+        raise TypeError(f"{what} must be a sequence of tensors (one per expert), got a single tensor")
+    first = weights[0]
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{what}[{i}] is a {type(w).__name__}, not a torch.Tensor")
+        if w.dim() < 1:
+            raise ValueError(f"{what}[{i}] must have at least 1 dimension, got shape {tuple(w.shape)}")
+        if w.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{what}[{i}] dtype must be one of {FLOAT_DTYPES}, got {w.dtype}")
+        if w.dtype != first.dtype:
+            raise ValueError(f"{what}[{i}] has dtype {w.dtype} but {what}[0] has {first.dtype}; one launch needs one dtype")
+        if w.device != first.device:
+            raise ValueError(f"{what}[{i}] is on {w.device} but {what}[0] is on {first.device}")
+        if not w.is_contiguous():
+            raise ValueError(f"{what}[{i}] is not contiguous (strides {w.stride()}); pass w.contiguous()")
+    return first.dtype, first.device
+
+
+def check_stacked(x: torch.Tensor, what: str = "x") -> None:
+    """Validate a single (stacked) tensor: float dtype, >= 1-D, contiguous."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{what} dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError(f"{what} must have at least 1 dimension, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError(f"{what} is not contiguous (strides {x.stride()}); pass x.contiguous()")
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def choose_tile(shapes: Sequence[tuple[int, int]], block: int, num_warps: int, *, min_bc: int) -> TileShape:
+    """Pick ``BC`` (power of two, ``min_bc..min(block, 2048)``) and ``BR = block // BC``.
+
+    ``BC`` is the largest candidate whose padded element count (summed over experts) is within 3%
+    of the smallest achievable, so rows like 2688 = 21*128 get ``BC = 128`` rather than masking a
+    quarter of a 4096-wide tile.  ``BR`` shrinks to the tallest expert (rounded up to a power of
+    two) so tiny experts do not run mostly masked programs.
+    """
+    live = [(r, c) for r, c in shapes if r and c]
+    if not live:
+        return TileShape(1, min_bc, num_warps)
+    cap = max(min_bc, min(block, 2048))
+    candidates = [1 << k for k in range(min_bc.bit_length() - 1, cap.bit_length())]
+    padded = {bc: sum(r * (-(-c // bc)) * bc for r, c in live) for bc in candidates}
+    best = min(padded.values())
+    bc = max(b for b in candidates if padded[b] <= best * 1.03)
+    bc = min(bc, max(min_bc, 1 << (max(c for _, c in live) - 1).bit_length()))
+    br = max(1, block // bc)
+    tallest = max(r for r, _ in live)
+    br = min(br, 1 << (tallest - 1).bit_length())
+    widest = max(c for _, c in live)
+    while br > 1 and br * widest + bc > _INT32_MAX:
+        br //= 2
+    if br * widest + bc > _INT32_MAX:
+        raise ValueError(f"a row of {widest} elements is too long for the kernel's int32 in-tile offsets (max {2**31 - 1 - bc})")
+    return TileShape(_pow2_at_most(br), bc, num_warps)
+
+
+def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape) -> tuple[int, int]:
+    """``(max tiles per expert, N)``; raises ``ValueError`` past the CUDA grid limits."""
+    n = len(shapes)
+    if n > MAX_EXPERTS:
+        raise ValueError(f"at most {MAX_EXPERTS} experts per launch, got {n}")
+    tiles = max((-(-r // tile.br)) * (-(-c // tile.bc)) for r, c in shapes)
+    if tiles > _INT32_MAX:
+        raise ValueError(f"an expert needs {tiles} tiles of {tile.br}x{tile.bc}; the grid allows {_INT32_MAX}")
+    return max(tiles, 1), n

@@ -1,0 +1,242 @@
+"""Host side of one launch: build the expert table, pick the tile, launch, read the check flags.
+
+Two layouts share one kernel source:
+
+* list: N tensors anywhere in memory; their addresses, output offsets and shapes go into one
+  int64 table ``meta[5, N]`` (see ``ExpertTable``) that the kernel reads per program;
+* stacked: one contiguous tensor; expert ``e`` starts at ``e * rows * cols``.
+
+Outputs of the list layout are views into one buffer (one allocation), each expert starting on a
+64-element boundary so the kernel may use 16-byte vector accesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import env
+from .amax import AmaxView, raise_value_errors, value_errors
+from .formats import BITS_DTYPE, FMT_FP8, FMT_INT, FMT_NVFP4, IO_CODES, QuantSpec
+from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for
+
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Elements per program and warps, per kernel; chosen from H100 measurements (kernels/bench.py)."""
+
+    block: int
+    num_warps: int
+
+
+FWD_CONFIG: dict[int, KernelConfig] = {
+    FMT_INT: KernelConfig(8192, 8),
+    FMT_FP8: KernelConfig(8192, 8),
+    FMT_NVFP4: KernelConfig(4096, 8),
+}
+BWD_CONFIG = KernelConfig(8192, 8)
+_MIN_BC = 16
+
+
+_PAD_ELEMS = 64  # every expert's output starts on a 64-element boundary: >= 128 bytes for any dtype
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(BITS_DTYPE[t.dtype])
+
+
+def _aligned(ptrs: Sequence[int], shapes: Sequence[tuple[int, int]]) -> bool:
+    return all(p % 16 == 0 and c % 8 == 0 for p, (r, c) in zip(ptrs, shapes) if r and c)
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    """What a list-layout launch needs that depends only on input addresses and shapes.
+
+    ``meta`` (int64 ``[5, N]`` on the device): input address, output offset (elements, from the
+    output base), rows, cols, gradient address.  Output offsets follow from the shapes alone, so the
+    table stays valid for any output buffer from ``alloc_outputs`` and the module adapter can keep
+    it while the weights stay where they are.
+    """
+
+    meta: torch.Tensor
+    shapes: tuple[tuple[int, int], ...]
+    out_shapes: tuple[torch.Size, ...]
+    offsets: tuple[int, ...]
+    total: int
+    aligned: bool
+    key: tuple
+
+
+def table_key(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> tuple:
+    """Identity of a table: addresses, shapes, dtypes (and gradient addresses)."""
+    key = tuple((w.data_ptr(), tuple(w.shape), w.dtype) for w in xs)
+    if grads is not None:
+        key += tuple((g.data_ptr(), g.dtype) for g in grads)
+    return key
+
+
+def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> ExpertTable:
+    """Build the table for validated experts ``xs`` (and, for the backward, their gradients)."""
+    shapes = tuple(expert_matrix_shape(w) for w in xs)
+    offsets, total = [], 0
+    for r, c in shapes:
+        offsets.append(total)
+        total += -(-(r * c) // _PAD_ELEMS) * _PAD_ELEMS
+    xp = [w.data_ptr() for w in xs]
+    gp = [g.data_ptr() for g in grads] if grads is not None else [0] * len(xs)
+    rows = [r for r, _ in shapes]
+    cols = [c for _, c in shapes]
+    device = xs[0].device
+    meta = torch.tensor([xp, offsets, rows, cols, gp], dtype=torch.int64, pin_memory=device.type == "cuda")
+    meta = meta.to(device, non_blocking=True)
+    aligned = _aligned(xp, shapes) and (grads is None or _aligned(gp, shapes))
+    return ExpertTable(meta, shapes, tuple(w.shape for w in xs), tuple(offsets), total, aligned, table_key(xs, grads))
+
+
+def alloc_outputs(table: ExpertTable, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One flat buffer plus the per-expert contiguous views the kernel writes (``table.offsets``)."""
+    flat = torch.empty(max(table.total, 1), dtype=dtype, device=device)
+    sizes: list[int] = []
+    prev = 0
+    for off, (r, c) in zip(table.offsets, table.shapes):
+        sizes += [off - prev, r * c]
+        prev = off + r * c
+    sizes.append(flat.numel() - prev)
+    chunks = flat.split(sizes)
+    return flat, [chunks[2 * i + 1].view(s) for i, s in enumerate(table.out_shapes)]
+
+
+def _flags(device: torch.device, check: bool) -> torch.Tensor:
+    return torch.zeros(2, dtype=torch.int32, device=device) if check else _dummy(device)
+
+
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """A small int32 buffer the kernel never writes (checks off); shared per device."""
+    if device not in _DUMMIES:
+        _DUMMIES[device] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _DUMMIES[device]
+
+
+def _finish_checks(flags: torch.Tensor, amax: AmaxView, spec: QuantSpec) -> None:
+    """One sync: amax value errors first (as the reference checks them first), then input errors."""
+    values = torch.cat([value_errors(amax.data), flags]).tolist()
+    raise_value_errors(values[:3])
+    if values[3]:
+        raise ValueError("unsigned INT quantization got negative input values (Model-Optimizer rejects them too)")
+    if values[4]:
+        raise ValueError("NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined")
+
+
+def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, amax: AmaxView, check: bool) -> dict:
+    return dict(
+        FMT=spec.code,
+        LO=spec.lo,
+        QMAX=spec.qmax,
+        IO=IO_CODES[dtype],
+        PER_CHANNEL=amax.per_channel,
+        CHECK=check,
+        UNSIGNED=spec.unsigned,
+        EXACT_FMA=env.exact_fma(device.type),
+        BLOCK_RECIP_INT=True,
+    )
+
+
+def _launch_opts(tile: TileShape) -> dict:
+    return dict(BR=tile.br, BC=tile.bc, num_warps=tile.num_warps, enable_fp_fusion=False)
+
+
+def fwd_list(
+    table: ExpertTable,
+    x0: torch.Tensor,
+    out_flat: torch.Tensor,
+    amax: AmaxView,
+    spec: QuantSpec,
+    *,
+    check: bool,
+    config: KernelConfig | None = None,
+) -> None:
+    """Fake-quantize the experts of ``table`` into ``out_flat`` (from ``alloc_outputs``) in one launch.
+
+    ``x0`` is any one of the experts (it gives dtype and device; its address is not used).
+    """
+    from .fwd_kernel import fake_quant_fwd_kernel
+
+    cfg = config or FWD_CONFIG[spec.code]
+    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    grid = grid_for(table.shapes, tile)
+    flags = _flags(x0.device, check)
+    fake_quant_fwd_kernel[grid](
+        _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
+        LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check), **_launch_opts(tile),
+    )  # fmt: skip
+    if check:
+        _finish_checks(flags, amax, spec)
+
+
+def fwd_stacked(
+    x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool, config: KernelConfig | None = None
+) -> None:
+    """Fake-quantize contiguous ``x`` viewed as ``[N, rows, cols]`` into ``out`` in one launch."""
+    from .fwd_kernel import fake_quant_fwd_kernel
+
+    cols = int(x.shape[-1])
+    n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
+    rows = int(x.shape[-2]) if x.dim() >= 2 else 1
+    shapes = [(rows, cols)] * n
+    cfg = config or FWD_CONFIG[spec.code]
+    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    grid = grid_for(shapes, tile)
+    flags = _flags(x.device, check)
+    fake_quant_fwd_kernel[grid](
+        _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
+        LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check), **_launch_opts(tile),
+    )  # fmt: skip
+    if check:
+        _finish_checks(flags, amax, spec)
+
+
+def bwd_list(
+    table: ExpertTable,
+    x0: torch.Tensor,
+    g0: torch.Tensor,
+    out_flat: torch.Tensor,
+    amax: AmaxView,
+    *,
+    config: KernelConfig | None = None,
+) -> None:
+    """Clipped STE backward for the experts of ``table`` (built with gradients), one launch."""
+    from .bwd_kernel import clipped_bwd_kernel
+
+    cfg = config or BWD_CONFIG
+    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    grid = grid_for(table.shapes, tile)
+    clipped_bwd_kernel[grid](
+        _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
+        IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, ALIGNED=table.aligned, **_launch_opts(tile),
+    )  # fmt: skip
+
+
+def bwd_stacked(
+    x: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, amax: AmaxView, *, config: KernelConfig | None = None
+) -> None:
+    """Clipped STE backward for one contiguous tensor viewed as ``[N, rows, cols]``."""
+    from .bwd_kernel import clipped_bwd_kernel
+
+    cols = int(x.shape[-1])
+    n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
+    rows = int(x.shape[-2]) if x.dim() >= 2 else 1
+    shapes = [(rows, cols)] * n
+    cfg = config or BWD_CONFIG
+    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    grid = grid_for(shapes, tile)
+    clipped_bwd_kernel[grid](
+        _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
+        IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, ALIGNED=cols % 8 == 0, **_launch_opts(tile),
+    )  # fmt: skip
