@@ -117,11 +117,11 @@ class RowSink:
     def repro(self, row_id: str) -> str:
         return f"python -m harness.moe --suite {self.suite} --seed {self.seed} --device {self.device} --filter '{row_id}'"
 
-    def add(self, role: Role | str, check: str, *, ok: bool, expected: str, measured: str, mismatches: int | str = "", detail: str = "", verdict: str | None = None) -> None:
+    def add(self, role: Role | str, check: str, *, ok: bool, expected: str, measured: str, mismatches: int | str = "", detail: str = "") -> None:
         rid = self.row_id(role, check)
         fields = dict(self.base_fields)
         fields.update(role=role.id if isinstance(role, Role) else role, check=check, expected=expected, measured=measured, mismatches=mismatches, detail=detail)
-        self.rows.append(SectionRow(id=rid, verdict=verdict or ("pass" if ok else "fail"), fields=fields, repro=self.repro(rid), message="" if ok else detail))
+        self.rows.append(SectionRow(id=rid, verdict="pass" if ok else "fail", fields=fields, repro=self.repro(rid), message="" if ok else detail))
 
     def add_diff(self, role: Role | str, check: str, diff: BitDiff, *, expect_equal: bool = True, what: str = "bitwise equal") -> None:
         ok = diff.equal if expect_equal else not diff.equal

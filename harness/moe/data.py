@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .layers import MSplits
-
 
 def case_seed(seed: int, case_id: str) -> int:
     """``seed + crc32(case_id)``: independent of run order, stable across runs and machines."""
@@ -112,7 +110,3 @@ def make_expert_data(shape: ExpertShape, seed: int, device: torch.device | str =
         routings={k: (mv(x), s) for k, (x, s) in routings.items()},
         grad_out={k: mv(v) for k, v in grad_out.items()},
     )
-
-
-def splits_list(m_splits: MSplits) -> list[int]:
-    return [int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits)]

@@ -10,7 +10,10 @@ Numeric contract
   over the empty set (``_amax`` buffers are created as zeros).  Fake quant then applies the
   format's zero-amax rule from ``reference``: INT -> every element ``+0``; FP8 E4M3 -> amax
   treated as 1; NVFP4 -> global scale clamped to fp32 max, elements collapse to ~0 (tiny
-  values).  The synced layout replaces it by the max over experts.
+  values).  The synced layout replaces it by the max over experts.  Model-Optimizer 0.47 differs
+  here (measured on CPU, ``tests/moe/test_modelopt_crosscheck.py``): such a quantizer has *no*
+  ``_amax`` and later quantizes dynamically with each input's own max; the two agree on every
+  expert that saw calibration tokens and differ only when an uncalibrated expert gets tokens.
 * Fake quant is ``reference.fake_quant(x, amax, spec.fmt, spec.variant, **spec.options)`` in
   the forward and ``reference.ste_backward(x, amax, grad, spec.ste_mode)`` in the backward;
   amax gets no gradient.  An empty tensor (an expert with no tokens) is returned as an empty

@@ -61,7 +61,7 @@ SUITES: dict[str, SuiteConfig] = {
 Nemotron 3 Nano's routed expert at EP=4 (N=32, fc1 ``[1856, 2688]``, fc2 ``[2688, 1856]``)."""
 
 
-def _te_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
+def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
     """Every model's amax and outputs: real TE bench vs twin bench, bitwise."""
     role = Role("grouped_linear", "weight", twin.name)
     models = {**{f"weight_layout/{k}": v for k, v in twin.weight_models.items()}, **{f"input_layout/{k}": v for k, v in twin.input_models.items()}}
@@ -107,11 +107,13 @@ def run(suite: str, seed: int, device: str) -> Section:
                     rows += sink.rows
                 if "te" in benches and "twin" in benches:
                     sink = RowSink(f"te/{wspec.id}/{shape.id}", suite, seed, device, dict(backend="te", spec=wspec.id, shape=shape.id))
-                    _te_rows(benches["twin"], benches["te"], sink)
+                    te_vs_twin_rows(benches["twin"], benches["te"], sink)
                     rows += sink.rows
     notes = (
         f"seed {seed}; grouped layer: twin" + (" and real transformer_engine GroupedLinear" if te_ok else f" only ({te_why})")
         + ". Experts that receive no calibration tokens keep input amax +0 (max over the empty set); fake quant then applies "
-        "the format's zero-amax rule (INT: zeros, FP8: amax treated as 1, NVFP4: tiny values). Per-expert opt-in is explicit per model."
+        "the format's zero-amax rule (INT: zeros, FP8: amax treated as 1, NVFP4: tiny values); Model-Optimizer 0.47 instead leaves "
+        "such a quantizer unset and quantizes it dynamically. Per-expert opt-in is explicit per model; routing 'all_routed' sends "
+        "tokens to experts that were empty during calibration."
     )
     return Section(name="moe", title="MoE calibration semantics: grouped vs sequential experts", columns=COLUMNS, rows=rows, notes=notes)
