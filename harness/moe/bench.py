@@ -14,6 +14,7 @@ Input layouts (per-expert weights throughout, so only the input layout varies):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -59,6 +60,20 @@ class Bench:
     backend: str
     weight_models: dict[str, QuantGroupedExperts] = field(default_factory=dict)
     input_models: dict[str, QuantExperts] = field(default_factory=dict)
+    _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
+
+    def outputs(self, model: QuantExperts, routing: str) -> torch.Tensor:
+        """``outputs(model, data, routing)``, computed once per (model, routing)."""
+        return self._once(("out", id(model), routing), lambda: outputs(model, self.data, routing))
+
+    def quantized_weights(self, model: QuantExperts) -> list[torch.Tensor]:
+        """``model.quantized_weights()``, computed once per model."""
+        return self._once(("fq", id(model)), model.quantized_weights)
+
+    def _once(self, key: tuple, fn: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
 
     @property
     def sequential(self) -> QuantSequentialExperts:

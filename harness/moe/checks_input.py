@@ -25,7 +25,7 @@ import torch
 
 import reference
 
-from .bench import INPUT_AMAX_CLASS, INPUT_MODELS, Bench, outputs
+from .bench import INPUT_AMAX_CLASS, INPUT_MODELS, Bench
 from .checks_weight import ROUTINGS
 from .compare import RowSink, bit_diff, count_distinct, elementwise_max, short
 from .layers import split_tokens
@@ -76,12 +76,9 @@ def input_rows(bench: Bench, sink: RowSink) -> None:
             sink.add(role, f"layouts/{label}", ok=ok, expected="finite, >= 0 for every expert",
                      measured=short(amax, limit=16), detail=f"host {INPUT_MODELS[label][0]}, class {INPUT_AMAX_CLASS[label]}")
     for routing in ROUTINGS:
-        outs: dict[str, torch.Tensor] = {}
         for a, b in combinations(models, 2):
             check = f"equivalence/{a}~{b}/{routing}"
             with sink.guard(role, check):
-                for label in (a, b):
-                    if label not in outs:
-                        outs[label] = outputs(models[label], bench.data, routing)
                 same_class = INPUT_AMAX_CLASS[a] == INPUT_AMAX_CLASS[b]
-                sink.add_diff(role, check, bit_diff([outs[a]], [outs[b]], label="output"), expect_equal=same_class, what="output-equivalent")
+                diff = bit_diff([bench.outputs(models[a], routing)], [bench.outputs(models[b], routing)], label="output")
+                sink.add_diff(role, check, diff, expect_equal=same_class, what="output-equivalent")

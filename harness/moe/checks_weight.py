@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import reference
 
-from .bench import GROUPED_WEIGHT_LAYOUTS, Bench, gradients, outputs
+from .bench import GROUPED_WEIGHT_LAYOUTS, Bench, gradients
 from .compare import RowSink, bit_diff, count_distinct, elementwise_max, short
 from .quantized import stacked_amax
 from .roles import Role
@@ -55,18 +55,18 @@ def weight_rows(bench: Bench, sink: RowSink) -> None:
             sink.add_diff(role, f"amax/{label}_eq_sequential", bit_diff(seq_amax, bench.weight_models[label].weight_amax()))
     with sink.guard(role, "fq_weight/sequential_eq_reference"):
         ref_fq = reference.fake_quant_experts(bench.data.weights, stacked_amax(seq_amax), spec.fmt, spec.variant, **dict(spec.options))
-        sink.add_diff(role, "fq_weight/sequential_eq_reference", bit_diff(ref_fq, bench.sequential.quantized_weights()))
+        sink.add_diff(role, "fq_weight/sequential_eq_reference", bit_diff(ref_fq, bench.quantized_weights(bench.sequential)))
     for label in PER_EXPERT_LAYOUTS + ("shared",):
         check = "fq_weight/shared_differs_control" if label == "shared" else f"fq_weight/{label}_eq_sequential"
         with sink.guard(role, check):
-            diff = bit_diff(bench.sequential.quantized_weights(), bench.weight_models[label].quantized_weights())
+            diff = bit_diff(bench.quantized_weights(bench.sequential), bench.quantized_weights(bench.weight_models[label]))
             sink.add_diff(role, check, diff, expect_equal=label != "shared")
     for routing in ROUTINGS:
         for label in PER_EXPERT_LAYOUTS:
             check = f"output/{label}_eq_sequential/{routing}"
             with sink.guard(role, check):
-                seq_out = outputs(bench.sequential, bench.data, routing)
-                sink.add_diff(role, check, bit_diff([seq_out], [outputs(bench.weight_models[label], bench.data, routing)], label="output"))
+                expected, got = bench.outputs(bench.sequential, routing), bench.outputs(bench.weight_models[label], routing)
+                sink.add_diff(role, check, bit_diff([expected], [got], label="output"))
     for routing in ROUTINGS:
         check = f"grad/n_quantizer_eq_sequential/{routing}"
         with sink.guard(role, check):

@@ -33,7 +33,7 @@ from torch import nn
 
 from .layers import MSplits, SequentialExperts, grouped_expert_weights, split_tokens
 from .quantizers import ExpertQuantizer, MaxQuantizer, fake_quant_spec, max_sync_, piece_shape, set_quant_mode
-from .roles import QuantSpec, Recipe, Role
+from .roles import Recipe, Role
 from .state_dict import n_to_vector, vector_to_n
 from .te_adapter import grouped_forward
 

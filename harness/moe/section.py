@@ -19,7 +19,7 @@ import torch
 
 from harness.sections import Section, SectionRow
 
-from .bench import Bench, build_bench, outputs
+from .bench import Bench, build_bench
 from .checks_input import input_rows
 from .checks_state import layout_rows, quantizer_state_rows
 from .checks_weight import ROUTINGS, weight_rows
@@ -69,8 +69,9 @@ def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
     for label, m in models.items():
         check = f"te_vs_twin/{label}"
         with sink.guard(role, check):
-            exp = m.weight_amax() + m.input_amax() + [outputs(m, twin.data, r) for r in ROUTINGS]
-            got = te_models[label].weight_amax() + te_models[label].input_amax() + [outputs(te_models[label], te.data, r) for r in ROUTINGS]
+            t = te_models[label]
+            exp = m.weight_amax() + m.input_amax() + [twin.outputs(m, r) for r in ROUTINGS]
+            got = t.weight_amax() + t.input_amax() + [te.outputs(t, r) for r in ROUTINGS]
             sink.add_diff(role, check, bit_diff(exp, got, label="weight amax, input amax, outputs #"))
 
 
