@@ -1,0 +1,24 @@
+"""Import a third-party module once and remember why it failed (for ``available()`` reasons)."""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from types import ModuleType
+from typing import Optional
+
+
+@lru_cache(maxsize=None)
+def try_import(module: str) -> tuple[Optional[ModuleType], str]:
+    """``(module, "")`` or ``(None, reason)``; the reason names the module and the error.
+
+    Any exception counts (Transformer Engine raises ``OSError``/``RuntimeError`` without CUDA),
+    so a probe never crashes the run that asked.
+    """
+    try:
+        return importlib.import_module(module), ""
+    except BaseException as exc:  # noqa: BLE001 - a failed import of any kind is a reason
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return None, f"import {module} failed: {type(exc).__name__}: {first}"[:300]

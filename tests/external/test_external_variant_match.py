@@ -1,0 +1,83 @@
+"""The matcher on known answers: each reference variant as a backend, and planted differences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from harness.external.match_cases import make_case
+from harness.external.section import variants_row
+from harness.external.variant_match import match_variants
+
+from .conftest import ReferenceVariant
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8_e4m3"])
+def test_every_variant_is_matched_by_itself_only(fmt, small_cases):
+    """The cases separate every pair of variants: otherwise a 'match' would say nothing."""
+    for v in reference.variants(fmt):
+        m = match_variants(ReferenceVariant(v), fmt, cases=small_cases(fmt), cap=2)
+        assert m.matched == (v,), (v, {w: m.mismatches(w) for w in m.variant_names})
+        for other in m.variant_names:
+            if other != v:
+                assert m.mismatches(other) > 0
+
+
+class Planted(ReferenceVariant):
+    """``cuda`` variant with one element of one expert changed (value or zero sign)."""
+
+    def __init__(self, expert: int, index: int, bits: int):
+        super().__init__("cuda")
+        self.expert, self.index, self.bits = expert, index, bits
+
+    def fake_quant(self, weights, amax, fmt, **options):
+        out = super().fake_quant(weights, amax, fmt, **options)
+        flat = out[self.expert].reshape(-1).view(torch.int16)
+        flat[self.index] = self.bits
+        return out
+
+
+def test_a_planted_one_ulp_change_is_counted_and_listed(small_cases):
+    cases = small_cases("int8")[1:2]  # near_tie/per_tensor: one [1, 6] expert per amax
+    ref = reference.fake_quant(cases[0].weights[7], cases[0].amax[7], "int8")
+    bits = int(ref.reshape(-1).view(torch.int16)[2]) + 1
+    m = match_variants(Planted(7, 2, bits), "int8", cases=cases, cap=8)
+    cuda = next(v for v in m.cases[0].variants if v.variant == "cuda")
+    assert cuda.mismatches == 1 and m.matched == ()
+    (o,) = cuda.offenders
+    assert o.index == 7 * 6 + 2 and o.got_hex == f"0x{bits & 0xFFFF:04X}" and o.cls == "ulp1" and o.ulp == 1
+    assert o.amax == float(cases[0].amax[7])
+    row = variants_row(m, "cuda", "repro")
+    assert row.verdict == "fail" and o.x_hex in row.message
+
+
+def test_a_zero_sign_difference_is_a_mismatch():
+    x = torch.tensor([[0.0, -0.0, 0.001, 1.0]], dtype=torch.bfloat16)
+    case = make_case("zeros", [x], torch.tensor([1.0]), x[None], torch.tensor([1.0]))
+    ref = reference.fake_quant(x, torch.tensor(1.0), "int8").reshape(-1)
+    assert float(ref[2]) == 0.0  # 0.001 * 127 rounds to 0
+    flipped = int(ref.view(torch.int16)[2]) ^ -0x8000
+    m = match_variants(Planted(0, 2, flipped), "int8", cases=[case], cap=4)
+    cuda = next(v for v in m.cases[0].variants if v.variant == "cuda")
+    assert cuda.mismatches == 1 and cuda.signed_zero == 1
+    assert cuda.offenders[0].cls == "signed_zero" and cuda.offenders[0].index == 2
+
+
+class Raises(ReferenceVariant):
+    def fake_quant(self, weights, amax, fmt, **options):
+        raise RuntimeError("kernel exploded")
+
+
+def test_a_backend_that_raises_fails_its_row_with_the_message(small_cases):
+    m = match_variants(Raises("cuda"), "fp8_e4m3", cases=small_cases("fp8_e4m3")[1:2])
+    assert m.errors and m.matched == () and m.mismatches("cuda") is None
+    row = variants_row(m, "cuda", "repro")
+    assert row.verdict == "fail" and "kernel exploded" in row.message
+
+
+def test_a_missing_expected_variant_fails_the_row(small_cases):
+    m = match_variants(ReferenceVariant("reciprocal"), "fp8_e4m3", cases=small_cases("fp8_e4m3")[1:2])
+    row = variants_row(m, "no-such-variant", "repro")
+    assert row.verdict == "fail" and "has no variant 'no-such-variant'" in row.message
+    assert variants_row(m, "reciprocal", "repro").verdict == "pass"
