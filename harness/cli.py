@@ -144,5 +144,8 @@ def _cmd_list(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from .triton_env import prepare
+
+    prepare()
     args = _parser().parse_args(argv)
     return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list}[args.command](args)

@@ -22,6 +22,9 @@ def _git(*args: str) -> Optional[str]:
 
 
 def triton_version() -> Optional[str]:
+    from .triton_env import prepare
+
+    prepare()
     try:
         import triton
     except Exception:  # noqa: BLE001 - absent or broken triton is reported as None

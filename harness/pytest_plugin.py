@@ -24,6 +24,9 @@ from typing import Any, Callable, Optional
 import pytest
 
 from . import hypothesis_profiles
+from .triton_env import prepare
+
+prepare()
 from .tolerances import VERDICT_MODES
 
 ENV_PREFIX = "PARITY_"

@@ -5,8 +5,8 @@
 ``kernels.ste_backward_experts(weights, amax, grads, mode)``, ``kernels.fake_quant(x, amax, fmt,
 variant=None, **options)`` (stacked ``[N, out, in]``), ``kernels.FORMATS`` and ``kernels.variants(fmt)``; a missing optional entry point raises
 ``NotImplementedError``, which the checks record as *skipped* with that reason.
-Without CUDA it runs under the Triton interpreter (``TRITON_INTERPRET=1`` is set before ``kernels``
-is imported).  Anything missing makes the backend *unavailable with the reason*, never passed.
+Without CUDA it runs under the Triton interpreter (``harness.triton_env.prepare`` sets
+``TRITON_INTERPRET=1`` unless triton was imported already).  Anything missing makes the backend *unavailable with the reason*, never passed.
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ import torch
 
 from reference import FORMATS
 
+from harness.triton_env import prepare
+
 REQUIRED = "fake_quant_experts"
 
 
 def _import_kernels() -> tuple[Optional[Any], str]:
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        os.environ["TRITON_INTERPRET"] = "1"
+    prepare()
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return None, "no CUDA device and Triton is not in interpreter mode (TRITON_INTERPRET=1 before importing triton)"
     try:
         importlib.import_module("triton")
     except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,11 @@
+"""Section runners for the report tests (``harness.sections`` interface)."""
+
+from harness.sections import Section, SectionRow
+
+
+def passing(suite: str, seed: int, device: str) -> Section:
+    return Section("ok", "fake passing section", ["suite", "seed"], [SectionRow("ok/1", "pass", {"suite": suite, "seed": seed})])
+
+
+def failing(suite: str, seed: int, device: str) -> Section:
+    return Section("bad", "fake failing section", ["x"], [SectionRow("bad/1", "fail", {"x": "<b>not bold</b>"}, repro="echo", message="broken")])

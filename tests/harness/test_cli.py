@@ -1,0 +1,150 @@
+"""CLI: run / compare / list, exit codes, incremental and incomplete reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from reports.schema import validate
+
+REPO = Path(__file__).resolve().parents[2]
+BROKEN = "tests.harness.broken_backends"
+ONE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "out"
+    rc = main(["run", "--no-progress", "--no-sections", "--out", str(out), *args])
+    return rc, json.loads((out / "report.json").read_text())
+
+
+def test_default_run_works_from_a_fresh_directory(tmp_path):
+    """Defaults: suite smoke, all built-in backends, ./parity-report (sections are other modules' cost)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--no-sections"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "parity smoke" in proc.stderr  # the progress bar
+    report = json.loads((tmp_path / "parity-report" / "report.json").read_text())
+    validate(report)
+    assert report["complete"] and report["meta"]["suite"] == "smoke" and report["sections"] == []
+    assert {b["spec"] for b in report["meta"]["backends"]} == {"reference", "triton", "eager-loop"}
+    assert (tmp_path / "parity-report" / "report.html").stat().st_size > 10_000
+
+
+def test_failing_backend_exits_nonzero_and_repro_reruns_the_case(tmp_path):
+    rc, report = _run(tmp_path, "--backend", f"{BROKEN}:OneUlpHigh", "--case", ONE, "--checks", "forward")
+    assert rc == 1 and report["records"][0]["verdict"] == "fail"
+    repro = report["records"][0]["repro"]
+    args = repro.split()[3:]
+    assert args[0] == "run" and "--case" in args
+    rc2 = main([a.strip("'") for a in args] + ["--no-progress", "--no-sections", "--out", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert rc2 == 1 and again["records"][0]["key"] == report["records"][0]["key"] and again["records"][0]["counts"] == report["records"][0]["counts"]
+
+
+def test_bad_backend_spec_is_a_clear_usage_error(tmp_path, capsys):
+    assert main(["run", "--backend", "nosuch.mod:X", "--out", str(tmp_path)]) == 2
+    assert "cannot import module 'nosuch.mod'" in capsys.readouterr().err
+
+
+def test_explicit_unavailable_backend_is_not_a_pass(tmp_path):
+    rc, report = _run(tmp_path, "--backend", "reference,triton", "--case", ONE)
+    triton = next(b for b in report["meta"]["backends"] if b["spec"] == "triton")
+    bad = [(r["key"], r["message"]) for r in report["records"] if r["verdict"] == "fail"]
+    assert not bad and rc == (0 if triton["available"] else 2)
+
+
+def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
+    import harness.runner as runner
+
+    calls = {"n": 0}
+    real = runner.run_case_checks
+
+    def dies(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "run_case_checks", dies)
+    rc, report = _run(tmp_path, "--backend", "reference", "--suite", "smoke")
+    validate(report)
+    assert rc == 130 and not report["complete"] and "interrupted" in report["error"] and len(report["records"]) > 0
+    assert "Incomplete run" in (tmp_path / "out" / "report.html").read_text()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_compare_flags_regressions(tmp_path, capsys):
+    _, old = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward")
+    base = tmp_path / "old.json"
+    base.write_text(json.dumps(old))
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(old))
+    assert main(["compare", str(base), str(same)]) == 0
+    worse = copy.deepcopy(old)
+    rec = worse["records"][0]
+    rec["counts"] = {"exact": rec["numel"] - 1, "ulp1": 1, "tie_flip": 0, "error": 0}
+    rec["max_ulp"] = 1
+    rec["perf"] = None
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(worse))
+    assert main(["compare", str(base), str(new)]) == 1
+    assert "exact -> not exact" in capsys.readouterr().out
+    rec["verdict"] = "fail"
+    new.write_text(json.dumps(worse))
+    assert main(["compare", str(base), str(new)]) == 1
+    assert "pass -> fail" in capsys.readouterr().out
+
+
+def test_compare_flags_slowdown(tmp_path):
+    from harness.compare import diff_reports
+
+    perf = {"time_us": 100.0, "gbps": 1.0, "pct_of_copy": None, "timer": "perf_counter", "samples_us": [100.0], "bytes_moved": 100}
+    rec = {"key": "k", "verdict": "pass", "counts": {"exact": 1}, "perf": perf, "max_ulp": 0, "message": ""}
+    slower = dict(rec, perf=dict(perf, time_us=125.0))
+    old, new = {"records": [rec], "sections": []}, {"records": [slower], "sections": []}
+    assert diff_reports(old, new).regressions and not diff_reports(old, new, slowdown=0.5).regressions
+
+
+def test_baseline_regression_fails_the_run(tmp_path):
+    _, good = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward")
+    base = tmp_path / "base.json"
+    good["records"][0]["backend"] = f"{BROKEN}:OneUlpHigh"
+    good["records"][0]["key"] = f"{ONE}|{BROKEN}:OneUlpHigh|forward"
+    base.write_text(json.dumps(good))
+    rc, report = _run(tmp_path, "--backend", f"{BROKEN}:OneUlpHigh", "--case", ONE, "--checks", "forward", "--baseline", str(base))
+    assert rc == 1 and report["baseline"]["regressions"]
+    assert "Against the baseline" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch):
+    import harness.section_runner as sr
+
+    monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "bad": "tests.harness.fake_sections:failing",
+                                                "gone": "tests.harness.no_such_module:run"})
+    out = tmp_path / "out"
+    rc = main(["run", "--no-progress", "--backend", "reference", "--case", ONE, "--checks", "forward", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert rc == 1 and [s["verdict"] for s in report["sections"]] == ["pass", "fail", "skip"]
+    assert "No module named" in report["sections"][2]["rows"][0]["message"]
+    html = (out / "report.html").read_text()
+    assert "Section: fake passing section" in html and "&lt;b&gt;not bold&lt;/b&gt;" in html
+
+
+def test_list(capsys):
+    assert main(["list", "--suite", "ultra"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8_e4m3.cuda/per_expert/stacked/N32/5120x8192/outliers/s0" in out and "backends:" in out
+
+
+def test_unknown_case_id_and_empty_selection(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="not a case id"):
+        main(["run", "--case", "garbage", "--out", str(tmp_path)])
+    assert main(["run", "--cases", "no-such-*", "--out", str(tmp_path)]) == 2
