@@ -1,0 +1,34 @@
+"""Triton grouped fake-quant kernels: one launch for N experts, bit-exact with ``reference``.
+
+Public API (mirrors ``reference.api``):
+
+* ``fake_quant(x, amax, fmt, variant=None, *, check_values=True, **options)`` -- one tensor
+  ``[..., out, in]`` (stacked ``[N, out, in]``);
+* ``fake_quant_experts(weights, amax, fmt, variant=None, *, check_values=True, **options)`` -- N experts;
+* ``ste_backward(x, amax, grad_out, mode)``, ``ste_backward_experts(weights, amax, grads, mode)``;
+* ``fake_quant_experts_ste(weights, amax, fmt, *, ste_mode, use_kernel, **options)`` -- autograd;
+* ``QuantGroupedLinear`` -- module adapter with the cached amax vector and the soft gate.
+
+Importing this package does not import Triton; the kernels are compiled on first use.
+"""
+
+from .api import STE_MODES, fake_quant, fake_quant_experts, ste_backward, ste_backward_experts, variants
+from .autograd import FakeQuantExpertsFn, fake_quant_experts_ste
+from .env import kernel_supported
+from .formats import FORMATS
+from .module import QuantGroupedLinear, WeightAmax
+
+__all__ = [
+    "FORMATS",
+    "STE_MODES",
+    "FakeQuantExpertsFn",
+    "QuantGroupedLinear",
+    "WeightAmax",
+    "fake_quant",
+    "fake_quant_experts",
+    "fake_quant_experts_ste",
+    "kernel_supported",
+    "ste_backward",
+    "ste_backward_experts",
+    "variants",
+]

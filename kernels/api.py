@@ -4,7 +4,8 @@
   ``[..., out, in]`` (a stacked ``[N, out, in]`` grouped weight, or a single expert).
 * ``fake_quant_experts(weights, amax, fmt, variant=None, *, check_values=True, **options)``: a list
   of N experts (ragged shapes and empty experts allowed), ``amax`` ``[N]`` or ``[N, out]``.
-* ``ste_backward(x, amax, grad_out, mode)`` / ``ste_backward_experts(weights, amax, grads, mode)``.
+* ``ste_backward(x, amax, grad_out, mode)`` / ``ste_backward_experts(weights, amax, grads, mode)``;
+* ``variants(fmt)``: the reference variants implemented (the default one).
 
 Each call is one kernel launch (none for empty input or pass-through backward) and returns
 exactly the bits of the reference default variant (``variant=None``).  ``check_values=True``
@@ -22,10 +23,16 @@ import torch
 
 from . import env, launch
 from .amax import amax_for_list, amax_for_stacked
-from .formats import FMT_NVFP4, parse_spec
+from .formats import DEFAULT_VARIANTS, FMT_NVFP4, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
 
 STE_MODES = ("pass_through", "clipped")
+
+
+def variants(fmt: str) -> tuple[str, ...]:
+    """The reference variants of ``fmt`` the kernel reproduces: its default only."""
+    parse_spec(fmt, None, {})
+    return (DEFAULT_VARIANTS[fmt],)
 
 
 def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, *, check_values: bool = True, **options) -> torch.Tensor:

@@ -73,22 +73,26 @@ def _pow2_at_most(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def choose_tile(shapes: Sequence[tuple[int, int]], block: int, num_warps: int, *, min_bc: int) -> TileShape:
-    """Pick ``BC`` (power of two, ``min_bc..min(block, 2048)``) and ``BR = block // BC``.
+def choose_tile(
+    shapes: Sequence[tuple[int, int]], block: int, num_warps: int, *, min_bc: int, max_waste: float = 0.03, max_bc: int = 2048
+) -> TileShape:
+    """Pick ``BC`` (power of two, ``min_bc..min(block, max_bc)``) and ``BR = block // BC``.
 
-    ``BC`` is the largest candidate whose padded element count (summed over experts) is within 3%
-    of the smallest achievable, so rows like 2688 = 21*128 get ``BC = 128`` rather than masking a
-    quarter of a 4096-wide tile.  ``BR`` shrinks to the tallest expert (rounded up to a power of
-    two) so tiny experts do not run mostly masked programs.
+    ``BC`` is the largest candidate whose padded element count (summed over experts) is within
+    ``max_waste`` of the smallest achievable, so rows like 2688 = 21*128 get ``BC = 128`` rather
+    than masking a quarter of a 4096-wide tile (masked lanes cost GPU issue slots; under the
+    interpreter programs cost far more than lanes, so it passes ``max_waste=inf``).  ``BR`` shrinks
+    to the tallest expert (rounded up to a power of two) so tiny experts do not run mostly masked
+    programs.
     """
     live = [(r, c) for r, c in shapes if r and c]
     if not live:
         return TileShape(1, min_bc, num_warps)
-    cap = max(min_bc, min(block, 2048))
+    cap = max(min_bc, min(block, max_bc))
     candidates = [1 << k for k in range(min_bc.bit_length() - 1, cap.bit_length())]
     padded = {bc: sum(r * (-(-c // bc)) * bc for r, c in live) for bc in candidates}
     best = min(padded.values())
-    bc = max(b for b in candidates if padded[b] <= best * 1.03)
+    bc = max(b for b in candidates if padded[b] <= best * (1.0 + max_waste))
     bc = min(bc, max(min_bc, 1 << (max(c for _, c in live) - 1).bit_length()))
     br = max(1, block // bc)
     tallest = max(r for r, _ in live)

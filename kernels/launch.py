@@ -12,6 +12,7 @@ Outputs of the list layout are views into one buffer (one allocation), each expe
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,10 +27,16 @@ from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Elements per program and warps, per kernel; chosen from H100 measurements (kernels/bench.py)."""
+    """Elements per program, warps, and how much tile padding ``choose_tile`` may accept.
+
+    GPU values are chosen from H100 measurements (``kernels/bench.py``).  Under the interpreter a
+    program costs milliseconds of Python whatever its size, so it gets few, large tiles.
+    """
 
     block: int
     num_warps: int
+    max_waste: float = 0.03
+    max_bc: int = 2048
 
 
 FWD_CONFIG: dict[int, KernelConfig] = {
@@ -38,6 +45,26 @@ FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_NVFP4: KernelConfig(4096, 8),
 }
 BWD_CONFIG = KernelConfig(8192, 8)
+INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
+
+
+def _config(device: torch.device, config: KernelConfig | None, gpu_default: KernelConfig) -> KernelConfig:
+    if config is not None:
+        return config
+    return INTERPRETER_CONFIG if device.type == "cpu" else gpu_default
+
+
+def _quiet(device: torch.device):
+    """Under the interpreter, numpy warns about the inf/NaN arithmetic the kernels do on purpose."""
+    if device.type != "cpu":
+        return contextlib.nullcontext()
+    import numpy as np
+
+    return np.errstate(all="ignore")
+
+
+def _tile(shapes: Sequence[tuple[int, int]], cfg: KernelConfig) -> TileShape:
+    return choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
 _MIN_BC = 16
 
 
@@ -168,14 +195,14 @@ def fwd_list(
     """
     from .fwd_kernel import fake_quant_fwd_kernel
 
-    cfg = config or FWD_CONFIG[spec.code]
-    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    tile = _tile(table.shapes, _config(x0.device, config, FWD_CONFIG[spec.code]))
     grid = grid_for(table.shapes, tile)
     flags = _flags(x0.device, check)
-    fake_quant_fwd_kernel[grid](
-        _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
-        LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check), **_launch_opts(tile),
-    )  # fmt: skip
+    with _quiet(x0.device):
+        fake_quant_fwd_kernel[grid](
+            _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
+            LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check), **_launch_opts(tile),
+        )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
 
@@ -190,14 +217,14 @@ def fwd_stacked(
     n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
     rows = int(x.shape[-2]) if x.dim() >= 2 else 1
     shapes = [(rows, cols)] * n
-    cfg = config or FWD_CONFIG[spec.code]
-    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    tile = _tile(shapes, _config(x.device, config, FWD_CONFIG[spec.code]))
     grid = grid_for(shapes, tile)
     flags = _flags(x.device, check)
-    fake_quant_fwd_kernel[grid](
-        _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
-        LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check), **_launch_opts(tile),
-    )  # fmt: skip
+    with _quiet(x.device):
+        fake_quant_fwd_kernel[grid](
+            _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
+            LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check), **_launch_opts(tile),
+        )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
 
@@ -214,13 +241,13 @@ def bwd_list(
     """Clipped STE backward for the experts of ``table`` (built with gradients), one launch."""
     from .bwd_kernel import clipped_bwd_kernel
 
-    cfg = config or BWD_CONFIG
-    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    tile = _tile(table.shapes, _config(x0.device, config, BWD_CONFIG))
     grid = grid_for(table.shapes, tile)
-    clipped_bwd_kernel[grid](
-        _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
-        IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, ALIGNED=table.aligned, **_launch_opts(tile),
-    )  # fmt: skip
+    with _quiet(x0.device):
+        clipped_bwd_kernel[grid](
+            _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
+            IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, ALIGNED=table.aligned, **_launch_opts(tile),
+        )  # fmt: skip
 
 
 def bwd_stacked(
@@ -233,10 +260,10 @@ def bwd_stacked(
     n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
     rows = int(x.shape[-2]) if x.dim() >= 2 else 1
     shapes = [(rows, cols)] * n
-    cfg = config or BWD_CONFIG
-    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC)
+    tile = _tile(shapes, _config(x.device, config, BWD_CONFIG))
     grid = grid_for(shapes, tile)
-    clipped_bwd_kernel[grid](
-        _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
-        IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, ALIGNED=cols % 8 == 0, **_launch_opts(tile),
-    )  # fmt: skip
+    with _quiet(x.device):
+        clipped_bwd_kernel[grid](
+            _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
+            IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, ALIGNED=cols % 8 == 0, **_launch_opts(tile),
+        )  # fmt: skip

@@ -1,0 +1,185 @@
+"""Module adapter: a grouped linear layer whose N expert weights are fake-quantized in one launch.
+
+Names follow Transformer Engine's ``GroupedLinear`` (parameters ``weight{i}`` ``[out, in]``,
+``bias{i}``) and Model-Optimizer 0.47's per-expert quantizers (``weight_quantizer.{i}._amax``), so
+checkpoints keep their keys.
+
+amax cache.  The kernel wants one fp32 amax vector (``[N]``, or ``[N, out]`` per channel).  It is
+gathered once and each ``weight_quantizer.{i}._amax`` buffer is then re-registered as a *view* of
+it, so every in-place write to a buffer (``copy_``, ``.data.copy_``, ``load_state_dict``,
+calibration) lands in the vector itself: the cached vector cannot go stale.  A buffer that is
+*replaced* (``q._amax = t``, ``module.to(...)``, ``.half()``) no longer aliases the vector; every
+forward checks the aliasing (N pointer comparisons, no device work) and re-gathers when it broke.
+Values are validated (finite, >= 0; one device sync) whenever the vector was rebuilt, its version
+counter moved, or ``load_state_dict`` ran (a post-hook drops the validation mark).
+
+Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
+interpreter), the per-expert reference loop is used instead; it gives the same bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import env, launch
+from .amax import raise_value_errors, value_errors
+from .autograd import fake_quant_experts_ste
+from .formats import parse_spec
+
+BACKENDS = ("auto", "kernel", "reference")
+
+
+class WeightAmax(nn.Module):
+    """One expert's weight quantizer state: the ``_amax`` buffer (fp32, ``()`` or ``[out]``)."""
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.register_buffer("_amax", torch.zeros(shape, dtype=torch.float32, device=device))
+
+
+class QuantGroupedLinear(nn.Module):
+    """Grouped linear layer (``y_i = x_i @ fq(w_i)^T + b_i`` per expert) with weight fake quant.
+
+    * ``num_gemms``, ``in_features``, ``out_features``, ``bias``, ``params_dtype``, ``device``: as TE.
+    * ``fmt``: ``int8 | int4 | fp8_e4m3 | nvfp4``; ``options`` as ``kernels.fake_quant_experts``.
+    * ``per_channel``: amax ``[out]`` per expert instead of a scalar (not for NVFP4).
+    * ``ste_mode``: ``pass_through`` (default) or ``clipped``.
+    * ``backend``: ``auto`` (kernel unless calibrating or unsupported), ``kernel`` or ``reference``.
+    """
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        fmt: str,
+        *,
+        bias: bool = False,
+        params_dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+        per_channel: bool = False,
+        ste_mode: str = "pass_through",
+        backend: str = "auto",
+        **options,
+    ) -> None:
+        super().__init__()
+        parse_spec(fmt, None, options)
+        if per_channel and fmt == "nvfp4":
+            raise ValueError("NVFP4 takes a per-expert global amax, not a per-channel one")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.fmt, self.options, self.ste_mode, self.backend = fmt, dict(options), ste_mode, backend
+        self.per_channel = per_channel
+        for i in range(num_gemms):
+            w = torch.empty(out_features, in_features, dtype=params_dtype, device=device)
+            self.register_parameter(f"weight{i}", nn.Parameter(nn.init.normal_(w, 0.0, 0.023)))
+            if bias:
+                self.register_parameter(f"bias{i}", nn.Parameter(torch.zeros(out_features, dtype=params_dtype, device=device)))
+        shape = (out_features,) if per_channel else ()
+        self.weight_quantizer = nn.ModuleList([WeightAmax(shape, device) for _ in range(num_gemms)])
+        self.use_bias = bias
+        self._calibrating = False
+        self._vec: torch.Tensor | None = None
+        self._validated_version: int | None = None
+        self._table: launch.ExpertTable | None = None
+        self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_amax_cache())
+
+    # ---- experts -------------------------------------------------------------------------
+    def weights(self) -> list[torch.Tensor]:
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def amax_buffers(self) -> list[torch.Tensor]:
+        return [q._amax for q in self.weight_quantizer]
+
+    # ---- amax cache ----------------------------------------------------------------------
+    def invalidate_amax_cache(self) -> None:
+        """Forget the gathered vector and its validation (the next forward re-gathers)."""
+        self._vec = None
+        self._validated_version = None
+
+    def _aliased(self, bufs: Sequence[torch.Tensor]) -> bool:
+        vec = self._vec
+        if vec is None or len(bufs) != vec.shape[0]:
+            return False
+        base, step = vec.data_ptr(), vec.stride(0) * vec.element_size()
+        piece = tuple(vec.shape[1:])
+        return all(
+            b.data_ptr() == base + i * step and b.dtype == torch.float32 and tuple(b.shape) == piece and b.device == vec.device
+            for i, b in enumerate(bufs)
+        )
+
+    def amax_vector(self) -> torch.Tensor:
+        """The experts' amax as one fp32 ``[N]`` / ``[N, out]`` tensor (cached; see the module docstring)."""
+        bufs = self.amax_buffers()
+        if not self._aliased(bufs):
+            device = self.weight0.device if self.num_gemms else torch.device("cpu")
+            vec = torch.stack([b.detach().to(device=device, dtype=torch.float32) for b in bufs]) if bufs else torch.zeros(0)
+            for q, row in zip(self.weight_quantizer, vec):
+                q._amax = row
+            self._vec, self._validated_version = vec, None
+        vec = self._vec
+        if self._validated_version != vec._version:
+            raise_value_errors(value_errors(vec).tolist())
+            self._validated_version = vec._version
+        return vec
+
+    def _expert_table(self, ws: list[torch.Tensor]) -> launch.ExpertTable:
+        if self._table is None or self._table.key != launch.table_key(ws):
+            self._table = launch.expert_table(ws)
+        return self._table
+
+    # ---- calibration ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def calibrate(self) -> Iterator[None]:
+        """Within the block, each forward folds ``max |w|`` into the amax buffers (running max) and
+        quantizes with the reference loop (the soft gate)."""
+        self._calibrating = True
+        try:
+            yield
+        finally:
+            self._calibrating = False
+
+    def _observe_weights(self) -> None:
+        from reference import max_calibrate, update_running_amax  # soft-gate path only
+
+        gran = "per_channel" if self.per_channel else "per_tensor"
+        with torch.no_grad():
+            for q, w in zip(self.weight_quantizer, self.weights()):
+                new = max_calibrate(w, gran).to(q._amax.device)
+                q._amax.copy_(update_running_amax(q._amax, new))
+
+    # ---- forward -------------------------------------------------------------------------
+    def use_kernel(self) -> bool:
+        """Whether the next forward runs the Triton kernel (else the reference loop)."""
+        if self.backend == "reference" or self._calibrating:
+            return False
+        if self.backend == "kernel":
+            return True
+        return self.num_gemms > 0 and env.kernel_supported(self.weight0.device)
+
+    def quantized_weights(self) -> list[torch.Tensor]:
+        """The N fake-quantized weights, differentiable through the straight-through estimator."""
+        if self._calibrating:
+            self._observe_weights()
+        ws = self.weights()
+        amax = self.amax_vector()
+        kernel = self.use_kernel()
+        table = self._expert_table(ws) if kernel and ws else None
+        return fake_quant_experts_ste(
+            ws, amax, self.fmt, ste_mode=self.ste_mode, use_kernel=kernel, table=table, **self.options
+        )
+
+    def forward(self, inp: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
+        """``inp`` ``[T, in]`` split by ``m_splits`` (N non-negative ints summing to T) -> ``[T, out]``."""
+        if len(m_splits) != self.num_gemms or sum(m_splits) != inp.shape[0] or min(m_splits, default=0) < 0:
+            raise ValueError(f"m_splits {list(m_splits)} does not split {inp.shape[0]} rows over {self.num_gemms} experts")
+        wq = self.quantized_weights()
+        xs = inp.split(list(m_splits))
+        ys = [F.linear(x, w, getattr(self, f"bias{i}") if self.use_bias else None) for i, (x, w) in enumerate(zip(xs, wq))]
+        return torch.cat(ys) if ys else inp.new_zeros(0, self.out_features)

@@ -1,0 +1,127 @@
+"""Bad input: a clear error (matched by message) or a correct result, never wrong numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+import reference
+from kernels.geometry import MAX_EXPERTS, choose_tile, grid_for
+
+from .bitcheck import assert_same_bits
+
+BF = torch.bfloat16
+
+
+def _w(*shape, dtype=BF, device="cpu"):
+    return torch.randn(*shape).to(dtype).to(device)
+
+
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda d: ([_w(2, 4, device=d), _w(2, 4, dtype=torch.float16, device=d)], torch.ones(2, device=d)), ValueError, "dtype"),
+        (lambda d: ([_w(2, 4, device=d), _w(2, 4, device="meta")], torch.ones(2, device=d)), ValueError, "is on meta"),
+        (lambda d: ([_w(2, 4, device=d)], torch.ones(1, device="meta")), ValueError, "amax is on meta"),
+        (lambda d: ([_w(4, 2, device=d).t()], torch.ones(1, device=d)), ValueError, "not contiguous"),
+        (lambda d: ([_w(2, 4, device=d)] * 2, torch.ones(3, device=d)), ValueError, "one entry per expert"),
+        (lambda d: ([_w(2, 4, device=d), _w(3, 4, device=d)], torch.ones(2, 2, device=d)), ValueError, "does not fit expert 1"),
+        (lambda d: ([_w(2, 4, device=d)], torch.ones(1, 2, 2, device=d)), ValueError, r"\[N\] or \[N, out\]"),
+        (lambda d: ([_w(2, 4, device=d)], torch.ones(1, dtype=torch.int32, device=d)), TypeError, "float tensor"),
+        (lambda d: ([_w(2, 4, dtype=torch.int8, device=d)], torch.ones(1, device=d)), TypeError, "dtype must be one of"),
+        (lambda d: (_w(2, 4, device=d), torch.ones(2, device=d)), TypeError, "sequence of tensors"),
+        (lambda d: ([torch.ones((), dtype=BF, device=d)], torch.ones(1, device=d)), ValueError, "at least 1 dimension"),
+    ],
+    ids=["mixed_dtypes", "mixed_devices", "amax_wrong_device", "non_contiguous", "amax_count", "per_channel_rows", "amax_3d",
+         "int_amax", "int_weights", "tensor_not_list", "zero_dim"],
+)  # fmt: skip
+def test_list_errors(make, exc, match: str, device: str) -> None:
+    ws, amax = make(device)
+    with pytest.raises(exc, match=match):
+        kernels.fake_quant_experts(ws, amax, "int8")
+
+
+@pytest.mark.parametrize("value,what", [(float("nan"), "NaN"), (float("inf"), "infinite"), (-1.0, "negative")])
+def test_bad_amax_values_raise_like_the_reference(value: float, what: str, device: str) -> None:
+    ws = [_w(2, 16, device=device), _w(0, 16, device=device)]
+    for amax in (torch.tensor([value, 1.0], device=device), torch.tensor([1.0, value], device=device)):
+        with pytest.raises(ValueError, match=f"amax is {what}"):
+            reference.fake_quant_experts(ws, amax, "fp8_e4m3")
+        with pytest.raises(ValueError, match=f"amax is {what}"):
+            kernels.fake_quant_experts(ws, amax, "fp8_e4m3")
+
+
+def test_value_errors_from_the_kernel_flags(device: str) -> None:
+    w = torch.tensor([[0.5, -0.25, 1.0]], dtype=BF, device=device)
+    a = torch.ones(1, device=device)
+    with pytest.raises(ValueError, match="negative input"):
+        kernels.fake_quant_experts([w], a, "int8", unsigned=True)
+    nan = torch.tensor([[0.5, float("nan")] + [0.1] * 30], dtype=BF, device=device)
+    with pytest.raises(ValueError, match="NaN input"):
+        kernels.fake_quant_experts([nan], a, "nvfp4")
+    with pytest.raises(ValueError, match="NaN input"):
+        kernels.fake_quant(nan.unsqueeze(0), a, "nvfp4")
+
+
+def test_unchecked_bad_values_give_the_documented_results(device: str) -> None:
+    """check_values=False: no sync, no error; results as documented in kernels/fwd_kernel.py."""
+    w = torch.tensor([[0.5, -0.25, 1.0]], dtype=BF, device=device)
+    a = torch.ones(1, device=device)
+    got = kernels.fake_quant_experts([w], a, "int8", unsigned=True, check_values=False)[0]
+    want = reference.fake_quant_experts([w.clamp_min(0)], a, "int8", unsigned=True)[0]
+    assert_same_bits([got], [want], [w], case="unsigned_negative_unchecked")
+    nan = torch.tensor([[0.5, float("nan")] + [0.1] * 30], dtype=BF, device=device)
+    out = kernels.fake_quant_experts([nan], a, "nvfp4", check_values=False)[0].view(torch.int16)
+    assert (out[0, :16] == 0x7FFF).all(), "a block holding a NaN is the canonical NaN throughout"
+    assert_same_bits([out[:, 16:].view(BF)], [reference.fake_quant(nan[:, 16:], a[0], "nvfp4")], case="nvfp4_clean_block")
+
+
+@pytest.mark.parametrize(
+    "fmt,variant,options,exc,match",
+    [
+        ("int7", None, {}, ValueError, "unknown format"),
+        ("int8", "step", {}, ValueError, "default variant"),
+        ("fp8_e4m3", None, {"unsigned": True}, TypeError, "does not take"),
+        ("nvfp4", None, {"block_size": 32}, ValueError, "block_size=16 only"),
+        ("nvfp4", None, {"block_amax": torch.ones(1)}, TypeError, "does not take"),
+    ],
+)
+def test_format_errors(fmt, variant, options, exc, match: str, device: str) -> None:
+    with pytest.raises(exc, match=match):
+        kernels.fake_quant_experts([_w(2, 16, device=device)], torch.ones(1, device=device), fmt, variant, **options)
+
+
+def test_nvfp4_rejects_per_channel_amax(device: str) -> None:
+    with pytest.raises(ValueError, match="not a per-channel"):
+        kernels.fake_quant_experts([_w(2, 16, device=device)], torch.ones(1, 2, device=device), "nvfp4")
+    with pytest.raises(ValueError, match="not a per-channel"):
+        kernels.fake_quant(_w(1, 2, 16, device=device), torch.ones(1, 2, device=device), "nvfp4")
+
+
+def test_stacked_amax_shape_errors(device: str) -> None:
+    x = _w(3, 2, 16, device=device)
+    with pytest.raises(ValueError, match="does not fit input shape"):
+        kernels.fake_quant(x, torch.ones(2, device=device), "int8")
+    with pytest.raises(ValueError, match="not contiguous"):
+        kernels.fake_quant(x.transpose(1, 2), torch.ones(3, device=device), "int8")
+
+
+def test_default_variant_names_are_accepted(device: str) -> None:
+    ws, a = [_w(2, 16, device=device)], torch.ones(1, device=device)
+    for fmt in kernels.FORMATS:
+        (variant,) = kernels.variants(fmt)
+        assert variant == reference.default_variant(fmt)
+        assert_same_bits(kernels.fake_quant_experts(ws, a, fmt, variant), reference.fake_quant_experts(ws, a, fmt), case=fmt)
+
+
+def test_launch_limits_are_clear_errors() -> None:
+    """Geometry only (no allocation): too many experts, rows too long for int32 in-tile offsets.
+    More than 2**31 elements in one expert is supported (int64 offsets); test_gpu.py runs one."""
+    tile = choose_tile([(4, 16)], 8192, 8, min_bc=16)
+    with pytest.raises(ValueError, match="at most"):
+        grid_for([(4, 16)] * (MAX_EXPERTS + 1), tile)
+    with pytest.raises(ValueError, match="too long"):
+        choose_tile([(2, 2**31)], 8192, 8, min_bc=16)
+    big = choose_tile([(70000, 32768)], 8192, 8, min_bc=16)  # 2.29e9 elements: allowed
+    assert grid_for([(70000, 32768)], big)[0] * big.br * big.bc >= 70000 * 32768

@@ -1,0 +1,126 @@
+"""Module adapter: cached amax vector that cannot go stale, soft gate with identical bits, calibration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+import reference
+
+from .bitcheck import assert_same_bits
+
+N, IN, OUT = 3, 40, 6
+
+
+def _layer(device: str, fmt: str = "int8", **kw) -> kernels.QuantGroupedLinear:
+    torch.manual_seed(0)
+    layer = kernels.QuantGroupedLinear(N, IN, OUT, fmt, device=device, **kw)
+    with torch.no_grad():
+        for i, q in enumerate(layer.weight_quantizer):
+            q._amax.fill_(0.02 * (i + 1))
+    return layer
+
+
+def _want(layer: kernels.QuantGroupedLinear, amax: torch.Tensor) -> list[torch.Tensor]:
+    return reference.fake_quant_experts([w.detach() for w in layer.weights()], amax, layer.fmt, **layer.options)
+
+
+def test_forward_is_grouped_linear_of_reference_weights(device: str) -> None:
+    layer = _layer(device, bias=True)
+    x = torch.randn(7, IN).to(torch.bfloat16).to(device)
+    splits = [3, 0, 4]
+    wq = _want(layer, layer.amax_vector())
+    want = torch.cat([F.linear(xi, w, getattr(layer, f"bias{i}")) for i, (xi, w) in enumerate(zip(x.split(splits), wq))])
+    assert_same_bits([layer(x, splits).detach()], [want.detach()], case="grouped_linear")
+    with pytest.raises(ValueError, match="m_splits"):
+        layer(x, [3, 3])
+
+
+@pytest.mark.parametrize("fmt,per_channel", [("fp8_e4m3", False), ("int4", True), ("nvfp4", False)])
+def test_soft_gate_gives_the_same_bits(fmt: str, per_channel: bool, device: str) -> None:
+    layer = _layer(device, fmt, per_channel=per_channel)
+    assert layer.use_kernel()
+    k = layer.quantized_weights()
+    layer.backend = "reference"
+    assert not layer.use_kernel()
+    r = layer.quantized_weights()
+    assert_same_bits(k, r, case=f"{fmt}/soft_gate")
+    assert_same_bits(k, _want(layer, layer.amax_vector()), case=fmt)
+
+
+def test_amax_vector_is_cached_and_aliased_by_the_buffers(device: str) -> None:
+    layer = _layer(device)
+    vec = layer.amax_vector()
+    assert layer.amax_vector() is vec
+    assert all(b.data_ptr() == vec[i].data_ptr() for i, b in enumerate(layer.amax_buffers()))
+    assert layer.state_dict()["weight_quantizer.1._amax"].item() == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "copy_", "data_copy_", "replace_buffer", "half"])
+def test_a_stale_amax_cannot_survive(how: str, device: str) -> None:
+    layer = _layer(device)
+    before = layer.quantized_weights()  # builds and uses the cache
+    new = torch.tensor([0.5, 0.003, 0.07], device=device)
+    if how == "load_state_dict":
+        other = _layer(device)
+        with torch.no_grad():
+            for q, v in zip(other.weight_quantizer, new):
+                q._amax.fill_(v)
+        layer.load_state_dict(other.state_dict())
+    elif how == "copy_":
+        with torch.no_grad():
+            layer.weight_quantizer[0]._amax.copy_(new[0])
+            layer.weight_quantizer[1]._amax.copy_(new[1])
+            layer.weight_quantizer[2]._amax.copy_(new[2])
+    elif how == "data_copy_":  # bypasses version counters (Model-Optimizer's amax setter writes this way)
+        for q, v in zip(layer.weight_quantizer, new):
+            q._amax.data.copy_(v)
+    elif how == "replace_buffer":
+        for q, v in zip(layer.weight_quantizer, new):
+            q._amax = v.clone()
+    else:  # buffers replaced by fp16 copies (weights too), then written in place
+        layer.half()
+        with torch.no_grad():
+            for q, v in zip(layer.weight_quantizer, new):
+                q._amax.fill_(v)
+        new = new.half().float()
+    after = layer.quantized_weights()
+    assert_same_bits(after, _want(layer, new), case=how)
+    changed = any(not torch.equal(a.float(), b.float()) for a, b in zip(before, after))
+    assert changed, "the new amax must change the quantized weights (else the test proves nothing)"
+
+
+def test_a_bad_amax_written_later_is_caught(device: str) -> None:
+    layer = _layer(device)
+    layer.quantized_weights()
+    with torch.no_grad():
+        layer.weight_quantizer[2]._amax.fill_(float("nan"))
+    with pytest.raises(ValueError, match="amax is NaN"):
+        layer.quantized_weights()
+
+
+def test_calibration_uses_the_reference_then_the_kernel_agrees(device: str) -> None:
+    layer = _layer(device)
+    with torch.no_grad():
+        for q in layer.weight_quantizer:
+            q._amax.zero_()
+    x = torch.randn(5, IN).to(torch.bfloat16).to(device)
+    with layer.calibrate():
+        assert not layer.use_kernel()
+        during = layer.quantized_weights()
+        layer(x, [2, 2, 1])
+    want_amax = torch.stack([w.detach().float().abs().amax() for w in layer.weights()])
+    assert torch.equal(layer.amax_vector(), want_amax)
+    assert layer.use_kernel()
+    assert_same_bits(layer.quantized_weights(), during, case="after_calibration")
+
+
+def test_layer_validation_and_empty_layer(device: str) -> None:
+    with pytest.raises(ValueError, match="per-channel"):
+        kernels.QuantGroupedLinear(2, 16, 4, "nvfp4", per_channel=True, device=device)
+    with pytest.raises(ValueError, match="backend"):
+        kernels.QuantGroupedLinear(2, 16, 4, "int8", backend="cuda", device=device)
+    empty = kernels.QuantGroupedLinear(0, 16, 4, "int8", device=device)
+    assert empty(torch.zeros(0, 16, dtype=torch.bfloat16, device=device), []).shape == (0, 4)

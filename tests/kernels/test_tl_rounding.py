@@ -1,0 +1,130 @@
+"""The Triton rounding primitives against IEEE (numpy fp32) and the reference, value by value.
+
+Each primitive runs in a one-line test kernel over a tensor of inputs, so a failure names the
+primitive rather than a whole fake-quant pipeline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernels import env
+from kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_to_e2m1, round_to_e4m3
+from reference.rounding import round_to_e2m1 as ref_e2m1
+from reference.rounding import round_to_e4m3 as ref_e4m3
+from reference.rounding import to_output_dtype
+
+from .bitcheck import assert_same_bits
+
+
+@triton.jit
+def _div_kernel(a_ptr, b_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(o_ptr + i, div_rn_pos(tl.load(a_ptr + i, mask=m, other=1.0), tl.load(b_ptr + i, mask=m, other=1.0)), mask=m)
+
+
+@triton.jit
+def _dequant_kernel(m_ptr, s_ptr, o_ptr, n, EXACT_FMA: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    msk = i < n
+    s = tl.load(s_ptr + i, mask=msk, other=1.0)
+    r = div_rn_pos(tl.zeros_like(s) + 1.0, s)
+    tl.store(o_ptr + i, int_dequant_magnitude(tl.load(m_ptr + i, mask=msk, other=0.0), s, r, EXACT_FMA), mask=msk)
+
+
+@triton.jit
+def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i, mask=m, other=0.0)
+    if WHICH == 0:
+        y = round_to_e4m3(tl.minimum(tl.maximum(x, -448.0), 448.0))
+    else:
+        y = round_to_e2m1(tl.minimum(tl.maximum(x, -6.0), 6.0))
+    tl.store(o_ptr + i, y, mask=m)
+
+
+@triton.jit
+def _out_kernel(x_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    y = tl.load(x_ptr + i, mask=m, other=0.0)
+    tl.store(o_ptr + i, f32_to_bits(y, y != y, IO), mask=m)
+
+
+def _run(kernel, device: str, *tensors, **kw) -> None:
+    n = tensors[0].numel()
+    with np.errstate(all="ignore"):
+        kernel[(1,)](*tensors, n, BLOCK=triton.next_power_of_2(n), enable_fp_fusion=False, **kw)
+
+
+def _bits_to_f32(bits: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(bits.astype(np.uint32).view(np.float32).copy())
+
+
+def test_div_rn_pos_is_ieee_division(gen: torch.Generator, device: str) -> None:
+    """Random positive normals and subnormals, zero, inf, overflowing and underflowing quotients."""
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (), generator=gen)))
+    a = rng.integers(1, 0x7F800000, 3000).astype(np.uint32)
+    b = rng.integers(1, 0x7F800000, 3000).astype(np.uint32)
+    a[:200] = rng.integers(1, 0x00800000, 200)  # subnormal dividends
+    b[200:400] = rng.integers(1, 0x00800000, 200)  # subnormal divisors
+    b[400:410] = 0  # zero divisor -> inf
+    b[410:420] = 0x7F800000  # inf divisor -> 0
+    a[420:440] = 0x3F800000  # 1 / b: the reciprocals the kernel takes
+    a[440:460] = np.float32(2688.0).view(np.uint32)
+    b[460:470] = np.float32(3.4028235e38).view(np.uint32)
+    a, b = _bits_to_f32(a), _bits_to_f32(b)
+    with np.errstate(all="ignore"):
+        want = torch.from_numpy(a.numpy() / b.numpy())
+    out = torch.empty_like(a, device=device)
+    _run(_div_kernel, device, a.to(device), b.to(device), out)
+    assert_same_bits([out], [want], [a], case="div_rn_pos")
+
+
+@pytest.mark.parametrize("exact_fma", [True, False], ids=["markstein", "fp64"])
+def test_int_dequant_is_correctly_rounded(exact_fma: bool, gen: torch.Generator, device: str) -> None:
+    """RN(m/s) for every integer 0..128 against 64 random scales across the exponent range."""
+    if exact_fma and not env.exact_fma(torch.device(device).type):
+        pytest.skip("this Triton interpreter rounds tl.fma twice; the kernel uses the fp64 path here")
+    s = (torch.rand(64, generator=gen) + 1.0) * torch.exp2(torch.randint(-110, 38, (64,), generator=gen).float())
+    m = torch.arange(129, dtype=torch.float32)
+    mm, ss = torch.meshgrid(m, s, indexing="ij")
+    mm, ss = mm.reshape(-1).contiguous(), ss.reshape(-1).contiguous()
+    want = torch.from_numpy(mm.numpy() / ss.numpy())
+    out = torch.empty_like(mm, device=device)
+    _run(_dequant_kernel, device, mm.to(device), ss.to(device), out, EXACT_FMA=exact_fma)
+    assert_same_bits([out], [want], [ss], case="int_dequant")
+
+
+@pytest.mark.parametrize("which", ["e4m3", "e2m1"])
+def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
+    """Every bf16 value (as fp32) plus the fp32 neighbours of every grid midpoint."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    grid = ref_e4m3(torch.linspace(-448, 448, 20001)) if which == "e4m3" else ref_e2m1(torch.linspace(-6, 6, 1001))
+    g = torch.unique(grid)
+    mid = (g[1:] + g[:-1]) / 2
+    near = torch.cat([mid, torch.nextafter(mid, mid + 1), torch.nextafter(mid, mid - 1)])
+    x = torch.cat([x[~torch.isnan(x)], near]).contiguous()
+    lim = 448.0 if which == "e4m3" else 6.0
+    want = (ref_e4m3 if which == "e4m3" else ref_e2m1)(torch.clamp(x, -lim, lim))
+    out = torch.empty_like(x, device=device)
+    _run(_grid_kernel, device, x.to(device), out, WHICH=0 if which == "e4m3" else 1)
+    assert_same_bits([out], [want], [x], case=which)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_output_conversion_matches_reference(dtype: torch.dtype, gen: torch.Generator, device: str) -> None:
+    """Random fp32 bit patterns (NaN, inf, subnormal, overflow included) -> output dtype, RNE."""
+    bits = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=gen, dtype=torch.int64).to(torch.int32)
+    y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 65519.99, 3.3961776e38, 3.3961775e38, -0.0, 5.9e-8])])
+    want = to_output_dtype(y, dtype)
+    io = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[dtype]
+    out = torch.empty(y.shape, dtype=torch.int16 if dtype != torch.float32 else torch.int32, device=device)
+    _run(_out_kernel, device, y.to(device), out, IO=io)
+    assert_same_bits([out.view(dtype)], [want], [y], case=f"to_{dtype}")
