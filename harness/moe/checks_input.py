@@ -2,7 +2,8 @@
 
 Rows (role ``grouped_linear/input/{name}``):
 
-* ``data/input_amax_differ``              -- calibrated experts' input amax pairwise distinct;
+* ``data/input_amax_differ``              -- calibrated experts' input amax pairwise distinct as
+  the format sees them (``compare.visible_amax``);
 * ``amax/per_expert_eq_reference``        -- each expert's amax == running max over the
   calibration batches of ``reference.max_calibrate`` of its routed rows (0 for no rows), for
   ``grouped_per_expert`` and ``sequential_per_expert``;
@@ -50,9 +51,10 @@ def input_rows(bench: Bench, sink: RowSink) -> None:
     empty = set(bench.shape.empty)
     calibrated = [a for i, a in enumerate(per_expert) if i not in empty]
     with sink.guard(role, "data/input_amax_differ"):
-        distinct = count_distinct(calibrated)
+        fmt = models["sequential_per_expert"].input_spec.fmt
+        distinct = count_distinct(calibrated, fmt)
         sink.add(role, "data/input_amax_differ", ok=distinct == len(calibrated) >= 2,
-                 expected=f"{len(calibrated)}/{len(calibrated)} distinct (>= 2)", measured=f"{distinct} distinct",
+                 expected=f"{len(calibrated)}/{len(calibrated)} distinct to {fmt} (>= 2)", measured=f"{distinct} distinct",
                  detail=f"calibrated experts' input amax {short(calibrated)}")
     with sink.guard(role, "amax/per_expert_eq_reference"):
         ref = reference_input_amax(bench)

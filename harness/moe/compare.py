@@ -75,12 +75,26 @@ def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, l
     return BitDiff(numel, mismatches, tuple(offenders), tuple(problems))
 
 
-def count_distinct(tensors: Sequence[torch.Tensor]) -> int:
-    """Number of bitwise-distinct tensors in the list (same shape and dtype assumed)."""
+POWER_OF_TWO_BLIND: tuple[str, ...] = ("fp8_e4m3", "nvfp4")
+"""Formats whose fake quant does not change (outside E4M3 subnormals and saturation) when amax
+is multiplied by ``2**k``: the scale, the scaled values and the dequantization all shift by
+the same exact power of two.  For them, amax that differ only by a power of two are no
+evidence that a per-expert check can tell experts apart."""
+
+
+def visible_amax(a: torch.Tensor, fmt: str) -> torch.Tensor:
+    """What of an fp32 amax ``fmt`` can see: the mantissa bits for ``POWER_OF_TWO_BLIND``, else the bits."""
+    bits = a.detach().to(torch.float32).contiguous().view(torch.int32)
+    return bits & 0x7FFFFF if fmt in POWER_OF_TWO_BLIND else bits
+
+
+def count_distinct(tensors: Sequence[torch.Tensor], fmt: str | None = None) -> int:
+    """Number of distinct tensors in the list: bitwise, or as ``fmt`` sees them (``visible_amax``)."""
     seen: list[torch.Tensor] = []
     for t in tensors:
-        if not any(bool(bits_equal(t, s).all()) for s in seen):
-            seen.append(t)
+        key = visible_amax(t, fmt) if fmt else t.detach().to(torch.float32).contiguous().view(torch.int32)
+        if not any(torch.equal(key, s) for s in seen):
+            seen.append(key)
     return len(seen)
 
 
