@@ -17,6 +17,7 @@ Enable with ``pytest_plugins = ["harness.pytest_plugin"]`` in the root ``conftes
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -206,18 +207,34 @@ def parity_record(request: pytest.FixtureRequest) -> Callable[[Any], None]:
     return add
 
 
+_INPUTS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_INPUTS_KEEP = 4
+
+
+def _inputs_and_expected(case, seed: int, device: str) -> tuple:
+    """Inputs and reference results of a case, shared by the checks of one case (small LRU)."""
+    from cases import make_inputs
+
+    from .checks import expected_forward
+
+    key = (case.id, seed, device)
+    if key not in _INPUTS:
+        inputs = make_inputs(case, seed, device)
+        _INPUTS[key] = (inputs, expected_forward(inputs))
+        while len(_INPUTS) > _INPUTS_KEEP:
+            _INPUTS.popitem(last=False)
+    return _INPUTS[key]
+
+
 @pytest.fixture
 def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_record) -> Callable[[str], Any]:
     """``parity_check(name)`` runs one check on this case and backend, records and returns its record."""
-    from cases import make_inputs
-
     from .checks import CheckContext, run_case_checks
 
     def run(name: str):
-        inputs = make_inputs(parity_case, parity_settings.seed, parity_loaded_backend.device or "cpu")
+        inputs, expected = _inputs_and_expected(parity_case, parity_settings.seed, parity_loaded_backend.device or "cpu")
         ctx = CheckContext(parity_loaded_backend, inputs, parity_settings.seed, parity_settings.mode, parity_settings.timeout_s)
-        wanted = [name] if name != "perf" else ["perf"]
-        recs = [r for r in run_case_checks(ctx, wanted) if r.check == name]
+        recs = [r for r in run_case_checks(ctx, [name], expected) if r.check == name]
         for r in recs:
             parity_record(r)
         return recs[0]

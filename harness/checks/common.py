@@ -65,9 +65,17 @@ def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
 
 
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
-    """A skip reason when the backend declined (``NotImplementedError``), else ``None``."""
+    """A skip reason when the backend declined, else ``None``.
+
+    ``NotImplementedError`` always declines.  ``TypeError``/``ValueError`` decline only when the call
+    carried non-default options or a variant: the contract lets a backend refuse an option it does not
+    implement that way.  On a plain default call they are failures.
+    """
     if isinstance(call.error, NotImplementedError):
         return f"backend does not implement this: {call.message}"
+    opts = call_options(ctx.case)
+    if opts and isinstance(call.error, (TypeError, ValueError)):
+        return f"backend refused options {opts}: {call.message}"
     return None
 
 

@@ -50,12 +50,14 @@ def check_forward(ctx: CheckContext, expected: Expected):
         return record(ctx, CHECK, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
     call = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **call_options(case)))
     timing = {"duration_s": call.seconds}
-    if (reason := not_run_reason(ctx, call)) is not None:
-        return record(ctx, CHECK, "skip", reason, **timing)
     if expected.error is not None:
         if call.ok:
             return record(ctx, CHECK, "fail", f"the reference rejects this input ({expected.error}) but the backend returned outputs", **timing)
+        if isinstance(call.error, NotImplementedError):
+            return record(ctx, CHECK, "skip", f"backend does not implement this: {call.message}", **timing)
         return record(ctx, CHECK, "pass", f"rejected as the spec requires (reference {expected.error}; backend {call.message})", **timing)
+    if (reason := not_run_reason(ctx, call)) is not None:
+        return record(ctx, CHECK, "skip", reason, **timing)
     if (problem := problems_of(call, inputs.weights)) is not None:
         return record(ctx, CHECK, "fail", problem, **timing)
     traced = expected.traced

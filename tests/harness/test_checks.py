@@ -103,6 +103,21 @@ def test_not_implemented_is_a_skip_with_reason():
     assert [r.verdict for r in rec] == ["skip", "skip"]
 
 
+def test_refusing_an_option_is_a_skip_but_refusing_a_default_call_fails():
+    class OnlyDefaults:
+        name, formats = "only-defaults", set(["nvfp4", "int8"])
+
+        def fake_quant(self, weights, amax, fmt, **options):
+            raise ValueError(f"not implemented: {sorted(options)}")
+
+    import harness.backends as hb
+
+    lb = hb.LoadedBackend("only-defaults", OnlyDefaults(), True, "", "cpu")
+    opt = _case(fmt="nvfp4", variant="te", shape=(8, 64), options=(("block_size", 32),))
+    assert run_case_checks(CheckContext(lb, make_inputs(opt), 1), ["forward"])[0].verdict == "skip"
+    assert run_case_checks(CheckContext(lb, make_inputs(_case()), 1), ["forward"])[0].verdict == "fail"
+
+
 @pytest.mark.parametrize("spec, needle", [("nosuch_pkg.mod:obj", "cannot import module"), (f"{BROKEN}:Missing", "no attribute"),
                                           (f"{BROKEN}:NoName", "does not meet the contract"), ("bogus", "unknown backend")])
 def test_external_loader_messages(spec, needle):
