@@ -8,6 +8,8 @@
 * ``near_tie/per_channel`` -- the same rows as one expert ``[M, 6]`` with a per-channel amax;
 * ``blocks`` (NVFP4 only)  -- all finite bf16 patterns with ``|x| <= 256``, rows of 64, for the
   data's max, twice it, and 1.0 as global amax (no near-tie construction for NVFP4 yet);
+* ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
+  outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
 * ``calibrated``           -- one expert per bf16 amax ``m``: every finite bf16 ``|x| <= m``,
   zero-padded to ``[16k, 16]``, so ``amax == max|x|`` exactly as max calibration gives it.  The
   only case for a backend that takes its amax from the data (its ``calibrated_only`` formats).
@@ -111,6 +113,14 @@ def nvfp4_blocks_case() -> Case:
     return make_case("blocks", [x] * n, amax, x.expand(n, -1, -1), amax)
 
 
+def fp32_case(fmt: str, *, seed: int = 0) -> Case:
+    """``fp32``: ``randn * 3`` in fp32, one row per amax drawn from ``[0.01, 6.01)``."""
+    gen = probes.generator(seed, f"fp32/{fmt}")
+    x = torch.randn(256, 256, generator=gen) * 3
+    amax = torch.rand(1, 256, generator=gen) * 6 + 0.01
+    return make_case("fp32", [x], amax, x, amax.reshape(-1))
+
+
 def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> Case:
     """``calibrated``: ``CALIBRATED_AMAX`` plus up to ``n_split`` seeded random bf16 amax in
     ``[2**-8, 2**8]`` at which the reference variants' pre-round value of ``x = amax`` differ
@@ -154,4 +164,4 @@ def build_cases(
     if fmt == "nvfp4":
         return [nvfp4_blocks_case(), calibrated]
     ties = probes.near_ties(fmt, n_ties, seed=seed)
-    return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), calibrated]
+    return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), fp32_case(fmt, seed=seed), calibrated]
