@@ -1,0 +1,123 @@
+"""What every rank runs: one save job per save layout, one load job per load layout.
+
+Both jobs do many checkpoints per process start (starting ranks costs seconds; a save or load
+costs a tenth of one).  They return plain data for ``torch.load(weights_only=True)``:
+
+* ``save_job`` -- builds this rank's experts, calibrates each format locally, runs the TP sync
+  step (and, as a negative control for NVFP4, a sync that skips ``_global_amax``), reports the
+  synced quantization parameters and fake-quantized weights, then saves every requested
+  checkpoint;
+* ``load_job`` -- for every requested checkpoint, builds the target layout's templates, loads
+  through ``engines.load_checked`` and reports each loaded key's local tensor with its offsets
+  and the fake-quantized local weights, or the error (class and message) when the load failed.
+
+Nothing is compared on the ranks: the parent process does every check against its own oracles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .engines import ENGINES, load_checked
+from .launch import RankContext
+from .model import FCS, MoEConfig, local_weights
+from .quant import calibrate, fake_quant_local, quant_format, quant_params, sync_tp
+from .safe_io import CheckpointError
+from .shards import LocalState, expected_entries, field_dtypes, from_loaded, key_plan, template_specs, to_specs
+
+NO_GLOBAL_SYNC = "no_global_sync"
+"""Key of the negative-control calibration (sync forgets ``_global_amax``) in a save result."""
+
+
+@dataclass(frozen=True)
+class CkptTask:
+    """One checkpoint to save or load: where, in which key layout, of which model and format.
+
+    For a load, ``cfg``, ``qlayout``, ``qf_id`` and ``index_mode`` describe the *target* (a
+    ``"local"`` reader expects the keys a local-index writer produces under the reader's layout).
+    """
+
+    ckpt_id: str
+    path: str
+    qlayout: str
+    qf_id: str
+    index_mode: str = "global"
+    cfg: MoEConfig = field(default_factory=MoEConfig)
+
+
+@dataclass(frozen=True)
+class SavePayload:
+    seed: int
+    cfg: MoEConfig
+    engine: str
+    qf_ids: tuple[str, ...]
+    tasks: tuple[CkptTask, ...]
+
+
+@dataclass(frozen=True)
+class LoadPayload:
+    seed: int
+    engine: str
+    tasks: tuple[CkptTask, ...]
+
+
+def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in tensors.items()}
+
+
+def save_job(ctx: RankContext, p: SavePayload) -> dict:
+    """Calibrate, sync, report and save (see the module docstring)."""
+    w = {fc: local_weights(p.cfg, p.seed, ctx.layout, ctx.coords, fc).to(ctx.device) for fc in FCS}
+    tp_group = ctx.group("tp")
+    calib: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    states: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    for qf_id in p.qf_ids:
+        qf = quant_format(qf_id)
+        synced = {fc: calibrate(w[fc], qf) for fc in FCS}
+        for fc in FCS:
+            sync_tp(synced[fc], fc, qf, tp_group)
+        states[qf_id] = synced
+        calib[qf_id] = {"synced": _cpu(quant_params(w, synced, qf))}
+        if any(b.name == "_global_amax" for b in qf.buffers):
+            buggy = {fc: calibrate(w[fc], qf) for fc in FCS}
+            for fc in FCS:
+                sync_tp(buggy[fc], fc, qf, tp_group, skip=frozenset({"_global_amax"}))
+            calib[qf_id][NO_GLOBAL_SYNC] = _cpu(quant_params(w, buggy, qf))
+    engine = ENGINES[p.engine]
+    for task in p.tasks:
+        qf = quant_format(task.qf_id)
+        plan = key_plan(p.cfg, ctx.layout, ctx.coords, task.qlayout, qf, task.index_mode)
+        engine.save(to_specs(LocalState(w, states[task.qf_id]), plan), task.path, ctx)
+    return {"coords": [ctx.coords.ep, ctx.coords.tp], "calib": calib}
+
+
+def _load_one(ctx: RankContext, task: CkptTask, engine_name: str) -> dict:
+    qf = quant_format(task.qf_id)
+    plan = key_plan(task.cfg, ctx.layout, ctx.coords, task.qlayout, qf, task.index_mode)
+    dtypes = field_dtypes(task.cfg, qf)
+    specs = template_specs(plan, ctx.layout, dtypes, ctx.device)
+    expected = expected_entries(task.cfg, ctx.layout, task.qlayout, qf, task.index_mode)
+    loaded = load_checked(ENGINES[engine_name], specs, expected, task.path, ctx)
+    raw = {s.key: {"offsets": list(s.offsets(ctx.coords)), "local": loaded[s.key].detach().cpu()} for s in specs}
+    out: dict = {"ok": True, "raw": raw}
+    try:
+        state = from_loaded(loaded, plan)
+        out["fq"] = _cpu({fc: fake_quant_local(state.weights[fc], state.quant[fc], qf) for fc in FCS})
+    except (ValueError, TypeError) as exc:  # e.g. a NaN amax left by a piece never loaded
+        out["fq_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def load_job(ctx: RankContext, p: LoadPayload) -> dict:
+    """Load every task's checkpoint into this layout; report pieces or errors (see the module docstring)."""
+    results: dict[str, dict] = {}
+    for task in p.tasks:
+        try:
+            results[task.ckpt_id] = _load_one(ctx, task, p.engine)
+        except (CheckpointError, ValueError) as exc:
+            # CheckpointError: raised on every rank alike by load_checked / the engine.
+            # ValueError: the target model does not fit this layout (raised before any collective).
+            results[task.ckpt_id] = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+    return {"coords": [ctx.coords.ep, ctx.coords.tp], "results": results}
