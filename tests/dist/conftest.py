@@ -1,0 +1,81 @@
+"""Fixtures of the distributed checkpoint tests.
+
+``gloo_run`` is the whole CPU matrix (every layout of up to 8 gloo ranks, both quantizer layouts,
+three formats, negative controls, bad inputs) plus the launcher probes, computed once per test
+run.  Under ``pytest -n`` every xdist worker that needs it takes a file lock in the run's shared
+temp folder: the first computes and writes JSON, the others read it, so the ranks are started
+once per run, not once per worker.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.dist.checks import Verdict
+from harness.dist.layout import matrix_layouts
+from harness.dist.matrix import DistPlan, run_plan
+
+from . import probes
+
+MAX_WORLD = 8
+"""Gloo ranks are cheap on 2 cores with tiny tensors; 8 covers EP=8 and TP=2 x EP=4."""
+DEFAULT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class DistRun:
+    """Verdicts of the matrix and outcomes of the launcher probes."""
+
+    seed: int
+    verdicts: tuple[Verdict, ...]
+    probes: dict
+
+    def rows(self, prefix: str) -> list[Verdict]:
+        return [v for v in self.verdicts if v.id.startswith(prefix)]
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "verdicts": [v.to_json() for v in self.verdicts], "probes": self.probes}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DistRun":
+        return cls(d["seed"], tuple(Verdict.from_json(v) for v in d["verdicts"]), d["probes"])
+
+
+def _compute(seed: int, workdir: Path) -> DistRun:
+    layouts = tuple(matrix_layouts(MAX_WORLD))
+    verdicts = run_plan(DistPlan(seed, layouts, layouts), str(workdir))
+    return DistRun(seed, tuple(verdicts), {name: probes.outcome(name) for name in probes.PROBES})
+
+
+@pytest.fixture(scope="session")
+def dist_seed(request: pytest.FixtureRequest) -> int:
+    """The parity plugin's seed when it is loaded, else ``PARITY_SEED``, else 1234."""
+    if request.config.pluginmanager.hasplugin("harness.pytest_plugin"):
+        return request.getfixturevalue("parity_settings").seed
+    return int(os.environ.get("PARITY_SEED", DEFAULT_SEED))
+
+
+@pytest.fixture(scope="session")
+def gloo_run(tmp_path_factory: pytest.TempPathFactory, dist_seed: int) -> DistRun:
+    """The shared CPU run (see the module docstring)."""
+    root = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if uid:
+        root = root.parent
+    name = f"dist-run-{uid or 'local'}-s{dist_seed}"
+    result = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if result.exists():
+            return DistRun.from_json(json.loads(result.read_text()))
+        run = _compute(dist_seed, root / f"{name}-work")
+        tmp = result.with_suffix(".tmp")
+        tmp.write_text(json.dumps(run.to_json()))
+        os.replace(tmp, result)
+        return run

@@ -1,0 +1,56 @@
+"""The launcher: hung, crashing and collective-missing ranks end in errors within their deadlines;
+results come back intact (probes run once per test run, in ``conftest.gloo_run``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.dist.launch import pack, unpack
+
+from .probes import PROBES
+
+pytestmark = pytest.mark.dist
+
+
+def test_hung_rank_is_killed_at_the_deadline(gloo_run):
+    o = gloo_run.probes["hang"]
+    assert o["error"] == "RankTimeout", o
+    limit = PROBES["hang"][1]["timeout_s"]
+    assert limit <= o["elapsed_s"] < limit + 20, o
+
+
+def test_raising_rank_fails_the_run_with_its_traceback(gloo_run):
+    o = gloo_run.probes["raise"]
+    assert o["error"] == "RankFailure", o
+    assert "probe: rank 1 fails on purpose" in o["message"], o
+    assert "rank 1" in o["message"], o
+
+
+def test_missed_collective_times_out_instead_of_hanging(gloo_run):
+    o = gloo_run.probes["missed_collective"]
+    assert o["error"] == "RankFailure", o
+    assert o["elapsed_s"] < PROBES["missed_collective"][1]["timeout_s"], o
+
+
+def test_results_come_back_per_rank(gloo_run):
+    o = gloo_run.probes["echo"]
+    assert o["error"] is None, o
+    ranks = o["result"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [r["coords"] for r in ranks] == [[0, 0], [1, 0]]
+    assert ranks[1]["nested"]["bf16"] == {"dtype": "torch.bfloat16", "shape": [2, 3], "values": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}
+    assert ranks[1]["nested"]["scalar"]["shape"] == [] and ranks[1]["nested"]["scalar"]["values"] == [1.0]
+    assert ranks[0]["list"][1:] == ["text", None, 1.5] and ranks[0]["list"][0]["shape"] == [0]
+
+
+def test_pack_unpack_is_bit_exact():
+    nan = torch.tensor([float("nan"), -0.0, 1.0], dtype=torch.float32)
+    obj = {"a": [torch.arange(5, dtype=torch.bfloat16), nan], "b": {"c": torch.tensor(3.0), "d": "x"}, "e": torch.zeros(2, 0)}
+    back = unpack(pack(obj))
+    assert torch.equal(back["a"][0].view(torch.int16), obj["a"][0].view(torch.int16))
+    assert torch.equal(back["a"][1].view(torch.int32), nan.view(torch.int32))
+    assert back["b"]["c"].shape == () and float(back["b"]["c"]) == 3.0 and back["b"]["d"] == "x"
+    assert back["e"].shape == (2, 0)
+    packed = pack(obj)
+    assert sum(isinstance(v, torch.Tensor) for v in packed["buffers"].values()) == 2

@@ -1,0 +1,119 @@
+"""Untrusted checkpoints in one process: allow-listed metadata, tensors only, clean errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from harness.dist import safe_io
+from harness.dist.bad_inputs import _CallsPrint, _cut
+from harness.dist.safe_io import (
+    CheckpointCorruptError,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpointError,
+    check_entries,
+    dcp_failure,
+    load_full,
+    read_metadata,
+    save_full,
+)
+from harness.ulp import bits_equal
+
+TENSORS = {
+    "w": (torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 3).bfloat16(),
+    "amax": torch.tensor([0.5, -0.0, 3.0]),
+    "scalar": torch.tensor(2.5),
+}
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    path = str(tmp_path / "ckpt")
+    save_full(TENSORS, path)
+    return path
+
+
+def test_full_roundtrip_is_bit_exact_and_weights_only(ckpt, monkeypatch):
+    calls = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("pickle.load must not read checkpoint files")
+
+    monkeypatch.setattr(torch, "load", spy)
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    back = load_full(ckpt)
+    assert set(back) == set(TENSORS)
+    for k, v in TENSORS.items():
+        assert back[k].dtype == v.dtype and bool(bits_equal(back[k], v).all()), k
+    assert calls and all(c is True for c in calls), calls
+
+
+def test_metadata_that_would_run_code_is_refused(ckpt, capsys):
+    with open(os.path.join(ckpt, ".metadata"), "wb") as f:
+        pickle.dump(_CallsPrint(), f)
+    with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+        load_full(ckpt)
+    assert "ran code" not in capsys.readouterr().out
+
+
+def test_pickled_entry_is_refused_before_and_inside_dcp(tmp_path, monkeypatch):
+    path = str(tmp_path / "bytes")
+    save_full({**TENSORS, "obj": "a python object"}, path)
+    with pytest.raises(UnsafeCheckpointError, match="'obj'"):
+        load_full(path)
+    problems = check_entries(read_metadata(path), {"obj": ((3,), torch.float32)})
+    assert [p.kind for p in problems] == ["unsafe", "mismatch", "mismatch", "mismatch"]
+    # Past the pre-check, the planner itself refuses to unpickle (DCP's default would use weights_only=False).
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail(f"torch.load called with {k}"))
+    state = {"obj": "placeholder"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(BaseException) as info:
+            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), no_dist=True)
+    err = dcp_failure(info.value, path) if not isinstance(info.value, UnsafeCheckpointError) else info.value
+    assert isinstance(err, UnsafeCheckpointError) and "'obj'" in str(err)
+
+
+@pytest.mark.parametrize("damage", ["truncate_data", "truncate_metadata", "garble_metadata", "remove_metadata"])
+def test_damaged_files_fail_cleanly(ckpt, damage):
+    meta = os.path.join(ckpt, ".metadata")
+    if damage == "truncate_data":
+        for name in os.listdir(ckpt):
+            if name.endswith(".distcp"):
+                _cut(os.path.join(ckpt, name))
+    elif damage == "truncate_metadata":
+        _cut(meta)
+    elif damage == "garble_metadata":
+        with open(meta, "wb") as f:
+            f.write(b"\x80\x04garbage" * 10)
+    else:
+        os.remove(meta)
+    with pytest.raises(CheckpointCorruptError, match="unreadable|no metadata"):
+        load_full(ckpt)
+
+
+def test_misfit_messages_name_key_and_both_shapes(ckpt):
+    md = read_metadata(ckpt)
+    expected = {"w": ((8, 6), torch.bfloat16), "amax": ((3,), torch.bfloat16), "extra": ((1,), torch.float32)}
+    text = [p.message for p in check_entries(md, expected)]
+    assert "key 'w': checkpoint shape (4, 6) != target shape (8, 6)" in text
+    assert any("key 'amax'" in t and "dtype torch.float32 != target dtype torch.bfloat16" in t for t in text)
+    assert "key 'extra': missing from checkpoint (target shape (1,))" in text
+    assert "key 'scalar': in checkpoint (shape ()) but not in the target layout" in text
+
+
+def test_allow_list_is_small():
+    """Only DCP metadata classes, Size, dtype lookup, layout lookup, paths and OrderedDict."""
+    modules = {m for m, _ in safe_io.ALLOWED_GLOBALS}
+    assert modules == {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch", "torch.serialization", "collections", "pathlib"}

@@ -1,0 +1,40 @@
+"""The report section: plan per suite, rows from verdicts, skip without GPUs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.dist import section
+from harness.dist.matrix import DistPlan
+from harness.sections import SECTION_RUNNERS, Section
+
+
+def test_runner_is_registered():
+    assert SECTION_RUNNERS["dist"] == "harness.dist.section:run"
+
+
+def test_plan_per_suite():
+    smoke = section.plan_for("smoke", 5, "cpu")
+    assert isinstance(smoke, DistPlan) and [lay.id for lay in smoke.save_layouts] == ["tp1ep1", "tp1ep2", "tp2ep1"]
+    assert len(section.plan_for("ci", 5, "cpu").load_layouts) == 7
+    with pytest.raises(ValueError, match="unknown suite"):
+        section.plan_for("weekly", 5, "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="checks the skip path of machines without 2 GPUs")
+def test_cuda_without_two_gpus_is_a_skipped_section():
+    sec = section.run("ci", 5, "cuda")
+    assert isinstance(sec, Section) and sec.verdict == "skip"
+    assert "at least 2 GPUs" in sec.rows[0].message
+
+
+@pytest.mark.dist
+def test_rows_from_the_gloo_run(gloo_run):
+    sec = section.to_section(list(gloo_run.verdicts), gloo_run.seed, "cpu")
+    assert sec.name == "dist" and sec.columns == section.COLUMNS
+    assert sec.verdict == "pass", [r.id for r in sec.rows if r.verdict == "fail"]
+    row = next(r for r in sec.rows if r.id == "roundtrip/tp2ep4->tp1ep2/one_vector/nvfp4/static")
+    assert row.fields["save"] == "tp2ep4" and row.fields["load"] == "tp1ep2" and row.fields["mismatches"] == 0
+    assert row.repro.startswith("python -m harness.dist") and "--save tp2ep4 --load tp1ep2" in row.repro
+    assert sec.to_json()["verdict"] == "pass"
