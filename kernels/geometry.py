@@ -110,6 +110,8 @@ def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape) -> tuple[int, i
     n = len(shapes)
     if n > MAX_EXPERTS:
         raise ValueError(f"at most {MAX_EXPERTS} experts per launch, got {n}")
+    if any(r > _INT32_MAX or c > _INT32_MAX for r, c in shapes):
+        raise ValueError(f"expert rows and columns must each be below 2**31, got {max(shapes)}")
     tiles = max((-(-r // tile.br)) * (-(-c // tile.bc)) for r, c in shapes)
     if tiles > _INT32_MAX:
         raise ValueError(f"an expert needs {tiles} tiles of {tile.br}x{tile.bc}; the grid allows {_INT32_MAX}")

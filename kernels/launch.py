@@ -37,6 +37,8 @@ class KernelConfig:
     num_warps: int
     max_waste: float = 0.03
     max_bc: int = 2048
+    nvfp4_int_recip: bool = True
+    """NVFP4 block reciprocal ``RN(1/d)``: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
 
 
 FWD_CONFIG: dict[int, KernelConfig] = {
@@ -161,7 +163,7 @@ def _finish_checks(flags: torch.Tensor, amax: AmaxView, spec: QuantSpec) -> None
         raise ValueError("NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined")
 
 
-def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, amax: AmaxView, check: bool) -> dict:
+def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, amax: AmaxView, check: bool, cfg: KernelConfig) -> dict:
     return dict(
         FMT=spec.code,
         LO=spec.lo,
@@ -171,7 +173,7 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, a
         CHECK=check,
         UNSIGNED=spec.unsigned,
         EXACT_FMA=env.exact_fma(device.type),
-        BLOCK_RECIP_INT=True,
+        BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
     )
 
 
@@ -195,13 +197,14 @@ def fwd_list(
     """
     from .fwd_kernel import fake_quant_fwd_kernel
 
-    tile = _tile(table.shapes, _config(x0.device, config, FWD_CONFIG[spec.code]))
+    cfg = _config(x0.device, config, FWD_CONFIG[spec.code])
+    tile = _tile(table.shapes, cfg)
     grid = grid_for(table.shapes, tile)
     flags = _flags(x0.device, check)
     with _quiet(x0.device):
         fake_quant_fwd_kernel[grid](
             _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
-            LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check), **_launch_opts(tile),
+            LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
@@ -217,13 +220,14 @@ def fwd_stacked(
     n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
     rows = int(x.shape[-2]) if x.dim() >= 2 else 1
     shapes = [(rows, cols)] * n
-    tile = _tile(shapes, _config(x.device, config, FWD_CONFIG[spec.code]))
+    cfg = _config(x.device, config, FWD_CONFIG[spec.code])
+    tile = _tile(shapes, cfg)
     grid = grid_for(shapes, tile)
     flags = _flags(x.device, check)
     with _quiet(x.device):
         fake_quant_fwd_kernel[grid](
             _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
-            LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check), **_launch_opts(tile),
+            LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)

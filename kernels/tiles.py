@@ -24,9 +24,9 @@ def expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST: tl.constexpr, 
     if LIST:
         rows = tl.load(meta_ptr + 2 * n_experts + e).to(tl.int32)
         cols = tl.load(meta_ptr + 3 * n_experts + e).to(tl.int32)
-    else:
-        rows = rows_u
-        cols = cols_u
+    else:  # "+ zeros": an int argument equal to 1 may arrive as a constexpr; make it a tensor
+        rows = rows_u + tl.zeros([], tl.int32)
+        cols = cols_u + tl.zeros([], tl.int32)
     if ALIGNED:
         cols = tl.multiple_of(cols, 8)
     return rows, cols

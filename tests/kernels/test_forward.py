@@ -99,7 +99,8 @@ def test_every_bf16_pattern(fmt: str, device: str) -> None:
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
     if fmt == "nvfp4":
         x = torch.where(torch.isnan(x), torch.zeros((), dtype=x.dtype), x)
-    amax = torch.tensor([1.0, 0.7, 448.0, 3.0e38, 2.0**-24, 1.5 * 2.0**-24, 1e-3, 65504.0, 0.0], dtype=torch.float32)
+    # 127 and 254 make the INT8 scale 1 and 0.5 (many exact .5 ties); 448 makes the FP8 scale 1
+    amax = torch.tensor([1.0, 0.7, 127.0, 254.0, 448.0, 3.0e38, 2.0**-24, 1.5 * 2.0**-24, 1e-3, 65504.0, 0.0], dtype=torch.float32)
     xs = x.expand(len(amax), 256, 256).contiguous().to(device)
     got = kernels.fake_quant(xs, amax.to(device), fmt)
     want = reference.fake_quant(xs, amax.to(device), fmt)
@@ -119,6 +120,9 @@ NAMED_EDGES = {
     "int8 -0 stays -0": ("int8", 1.0, 0x8000, 0x8000),
     "int8 small negative rounds to -0": ("int8", 1.0, 0xBB80, 0x8000),  # -2**-8 * 127 = -0.496 -> -0
     "int8 tiny amax gives +0 even for NaN": ("int8", 2.0**-25, 0x7FC0, 0x0000),
+    "int8 tie 2.5 -> 2 (half to even)": ("int8", 127.0, 0x4020, 0x4000),  # s = 1
+    "int8 tie 3.5 -> 4 (half to even)": ("int8", 127.0, 0x4060, 0x4080),
+    "int8 tie -0.5 -> -0 (half to even)": ("int8", 127.0, 0xBF00, 0x8000),
     "int8 +inf saturates to qmax/s": ("int8", 1.0, 0x7F80, 0x3F80),  # 127/127 = 1.0
     "int8 -inf to lo/s (wide range)": ("int8", 1.0, 0xFF80, 0xBF81),  # -128/127 = -1.0079 -> 0xBF81
     "fp8 NaN -> canonical NaN": ("fp8_e4m3", 1.0, 0x7FC1, 0x7FFF),
@@ -174,3 +178,23 @@ def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
     small = launch.KernelConfig(64, 1, max_bc=16)
     launch.fwd_list(table, ws[0], flat, view, parse_spec(fmt, None, {}), check=True, config=small)
     assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/small_tiles")
+
+
+@pytest.mark.parametrize("int_recip", [True, False], ids=["int_recip", "div_rn"])
+def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generator, device: str) -> None:
+    """Global amax 1e-33 and data near 1e-38: ``ds8 * gd`` is an fp32 subnormal, where a
+    flush-to-zero division would give FP32_MAX instead of ``RN(1/d)``; both reciprocal paths."""
+    from kernels import launch
+    from kernels.amax import amax_for_list
+    from kernels.formats import parse_spec
+
+    x = (torch.randn(4, 48, generator=gen) * 1e-38).to(torch.bfloat16).to(device)
+    amax = torch.tensor([1e-33], device=device)
+    table = launch.expert_table([x])
+    flat, outs = launch.alloc_outputs(table, torch.bfloat16, x.device)
+    cfg = launch.KernelConfig(4096, 4, nvfp4_int_recip=int_recip) if device == "cuda" else launch.KernelConfig(
+        65536, 4, max_waste=float("inf"), max_bc=65536, nvfp4_int_recip=int_recip)  # fmt: skip
+    launch.fwd_list(table, x, flat, amax_for_list(amax, [4], x.device, nvfp4=True), parse_spec("nvfp4", None, {}), check=True, config=cfg)
+    want = reference.fake_quant(x, amax[0], "nvfp4")
+    assert bool((want != 0).any()), "the case must produce non-zero outputs to mean anything"
+    assert_same_bits(outs, [want], [x], case="nvfp4/subnormal_d")

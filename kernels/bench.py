@@ -1,0 +1,329 @@
+"""Benchmark: ``python -m kernels.bench --out DIR [--quick] [--sweep]`` (needs a CUDA device).
+
+In one run: device copy bandwidth; then per case (N experts of one Nemotron-3 routed-expert shape,
+bf16, list layout) the kernel forward for every format and the clipped backward, the per-expert
+eager loop and the stacked eager reference (``reference`` itself, the baselines); the upstream
+Ultra production case N=32 x [5120, 8192]; peak extra GPU memory there.  Prints a table and writes
+``DIR/bench.json``.
+
+Numbers:
+* ``bytes`` = inputs read once + outputs written once (forward 4 B/element for bf16; clipped
+  backward 6 B/element: weight and gradient in, gradient out); ``GB/s = bytes / median time``;
+  ``pct_copy`` = that over the measured device-to-device copy bandwidth (read + write).
+* Kernel times: ``triton.testing.do_bench_cudagraph`` (median), launching through a prepared
+  expert table and preallocated outputs, cycling over enough input copies to exceed 4x the L2
+  cache (no L2 hits from the previous launch).  ``api_ms``: the public call
+  ``kernels.fake_quant_experts(..., check_values=False)`` timed end to end with ``do_bench``
+  (host overhead included).
+* Eager baselines: median of 3 event-timed calls after a warm-up (each takes tens of ms);
+  skipped (``null``) past ``--eager-max-gb``.
+* Only cases whose kernel output matched the reference bit for bit (experts 0 and N-1) are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SHAPES = {"nano_fc1": (1856, 2688), "super_fc1": (2688, 1024), "ultra_fc1": (5120, 2048)}
+EXPERT_COUNTS = (4, 8, 16, 32, 64, 128)
+PRODUCTION = ("ultra_prod", 32, (5120, 8192))
+FORMATS = ("int8", "int4", "fp8_e4m3", "nvfp4")
+EAGER_FORMATS = ("int8", "fp8_e4m3", "nvfp4")
+L2_MULTIPLE = 4
+
+
+@dataclass
+class CaseResult:
+    """One case's numbers (ms, GB/s, % of copy bandwidth; ``None`` = not measured)."""
+
+    case: str
+    n: int
+    shape: tuple[int, int]
+    correct: dict[str, bool] = field(default_factory=dict)
+    kernel_ms: dict[str, float] = field(default_factory=dict)
+    gbps: dict[str, float] = field(default_factory=dict)
+    pct_copy: dict[str, float] = field(default_factory=dict)
+    api_ms: float | None = None
+    eager_loop_ms: dict[str, float | None] = field(default_factory=dict)
+    stacked_eager_ms: dict[str, float | None] = field(default_factory=dict)
+    speedup_vs_loop: dict[str, float] = field(default_factory=dict)
+
+
+def copy_bandwidth_gbps(gib: float = 2.0) -> float:
+    """Device-to-device ``copy_`` of ``gib`` GiB, (read + write) bytes / median time."""
+    from triton.testing import do_bench
+
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device="cuda").to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def make_experts(n: int, shape: tuple[int, int], seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """N bf16 experts with per-expert scales (so per-expert amax differ) and amax = 0.9 max|w|."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scales = torch.logspace(-2, 0, max(n, 1), device="cuda")
+    ws = [(torch.randn(shape, device="cuda", generator=g) * scales[i]).to(torch.bfloat16) for i in range(n)]
+    amax = torch.stack([w.float().abs().amax() for w in ws]) * 0.9
+    return ws, amax
+
+
+def _graph_ms(fns: list[Callable[[], None]]) -> float:
+    """Median ms per call of a CUDA graph cycling over ``fns`` (each on its own buffers)."""
+    from triton.testing import do_bench_cudagraph
+
+    cycle = itertools.cycle(fns)
+    return do_bench_cudagraph(lambda: next(cycle)(), rep=20, return_mode="median")
+
+
+def _copies(nbytes: int) -> int:
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(8, -(-L2_MULTIPLE * l2 // max(nbytes, 1))))
+
+
+class KernelRunner:
+    """Prepared launches (tables, outputs) over ``copies`` input sets, for timing and checking."""
+
+    def __init__(self, sets: list[tuple[list[torch.Tensor], torch.Tensor]]):
+        from . import launch
+
+        self.launch = launch
+        self.sets = sets
+        self.tables = [launch.expert_table(ws) for ws, _ in sets]
+        self.outs = [launch.alloc_outputs(t, torch.bfloat16, ws[0].device) for t, (ws, _) in zip(self.tables, sets)]
+
+    def fwd(self, fmt: str, config=None) -> list[Callable[[], None]]:
+        from .amax import amax_for_list
+        from .formats import FMT_NVFP4, parse_spec
+
+        spec = parse_spec(fmt, None, {})
+        fns = []
+        for (ws, amax), table, (flat, _) in zip(self.sets, self.tables, self.outs):
+            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
+            fns.append(lambda t=table, w=ws[0], f=flat, v=view: self.launch.fwd_list(t, w, f, v, spec, check=False, config=config))
+        return fns
+
+    def bwd(self, grads: list[torch.Tensor], config=None) -> list[Callable[[], None]]:
+        from .amax import amax_for_list
+
+        fns = []
+        for ws, amax in self.sets:
+            table = self.launch.expert_table(ws, grads)
+            flat, _ = self.launch.alloc_outputs(table, grads[0].dtype, grads[0].device)
+            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=False)
+            fns.append(lambda t=table, w=ws[0], f=flat, v=view: self.launch.bwd_list(t, w, grads[0], f, v, config=config))
+        return fns
+
+
+def _matches_reference(fmt: str, ws: list[torch.Tensor], amax: torch.Tensor, outs: list[torch.Tensor]) -> bool:
+    import reference
+
+    idx = sorted({0, len(ws) - 1})
+    want = reference.fake_quant_experts([ws[i] for i in idx], amax[idx], fmt)
+    return all(torch.equal(outs[i].view(torch.int16), w.view(torch.int16)) for i, w in zip(idx, want))
+
+
+def _eager_ms(fn: Callable[[], object], reps: int = 3) -> float:
+    """Median of ``reps`` event-timed calls after one warm-up (eager baselines take tens of ms each)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _api_ms(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=30, return_mode="median")
+
+
+def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args) -> CaseResult:
+    import reference
+
+    from . import api
+
+    res = CaseResult(name, n, shape)
+    numel = n * shape[0] * shape[1]
+    fwd_bytes, bwd_bytes = 4 * numel, 6 * numel
+    sets = [make_experts(n, shape, seed=k) for k in range(_copies(fwd_bytes))]
+    runner = KernelRunner(sets)
+    ws, amax = sets[0]
+    for fmt in FORMATS:
+        runner.fwd(fmt)[0]()
+        res.correct[fmt] = _matches_reference(fmt, ws, amax, runner.outs[0][1])
+        if res.correct[fmt]:
+            _record(res, fmt, _graph_ms(runner.fwd(fmt)), fwd_bytes, copy_gbps)
+    grads = [torch.randn_like(w) for w in ws]
+    bwd_fns = runner.bwd(grads)
+    res.correct["bwd_clipped"] = _bwd_matches(ws, amax, grads)
+    if res.correct["bwd_clipped"]:
+        _record(res, "bwd_clipped", _graph_ms(bwd_fns), bwd_bytes, copy_gbps)
+    res.api_ms = _api_ms(lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=False))
+    del runner, sets, bwd_fns
+    eager = fwd_bytes / 1e9 <= args.eager_max_gb
+    for fmt in EAGER_FORMATS:
+        res.eager_loop_ms[fmt] = _eager_ms(lambda f=fmt: reference.fake_quant_experts(ws, amax, f)) if eager else None
+        if res.eager_loop_ms[fmt] and fmt in res.kernel_ms:
+            res.speedup_vs_loop[fmt] = res.eager_loop_ms[fmt] / res.kernel_ms[fmt]
+    res.eager_loop_ms["bwd_clipped"] = _eager_ms(lambda: reference.ste_backward_experts(ws, amax, grads, "clipped")) if eager else None
+    if res.eager_loop_ms["bwd_clipped"] and "bwd_clipped" in res.kernel_ms:
+        res.speedup_vs_loop["bwd_clipped"] = res.eager_loop_ms["bwd_clipped"] / res.kernel_ms["bwd_clipped"]
+    if eager and fwd_bytes / 1e9 <= args.stacked_max_gb:
+        x = torch.stack(ws)
+        for fmt in EAGER_FORMATS:
+            res.stacked_eager_ms[fmt] = _eager_ms(lambda f=fmt: reference.fake_quant(x, amax, f))
+        del x
+    return res
+
+
+def _bwd_matches(ws, amax, grads) -> bool:
+    import reference
+
+    from . import api
+
+    got = api.ste_backward_experts(ws, amax, grads, "clipped")
+    want = reference.ste_backward_experts(ws, amax, grads, "clipped")
+    return all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
+
+
+def _record(res: CaseResult, key: str, ms: float, nbytes: int, copy_gbps: float) -> None:
+    res.kernel_ms[key] = ms
+    res.gbps[key] = nbytes / ms / 1e6
+    res.pct_copy[key] = 100.0 * res.gbps[key] / copy_gbps
+
+
+def peak_extra_memory(n: int, shape: tuple[int, int]) -> dict[str, float]:
+    """Peak GPU memory allocated by one public call beyond its inputs, vs the outputs' size."""
+    from . import api
+
+    ws, amax = make_experts(n, shape, seed=99)
+    out_bytes = n * shape[0] * shape[1] * 2
+    result = {"output_bytes": out_bytes}
+    for check in (False, True):
+        api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=check)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        outs = api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=check)
+        torch.cuda.synchronize()
+        result[f"peak_extra_bytes_check_{check}"] = torch.cuda.max_memory_allocated() - base
+        del outs
+    return result
+
+
+def sweep(copy_gbps: float) -> list[dict]:
+    """Tile configurations at the Ultra production case (forward per format family, clipped bwd)."""
+    from .launch import KernelConfig
+
+    name, n, shape = PRODUCTION
+    runner = KernelRunner([make_experts(n, shape, seed=0)])
+    ws = runner.sets[0][0]
+    grads = [torch.randn_like(w) for w in ws]
+    numel = n * shape[0] * shape[1]
+    rows = []
+    configs = [(4096, 4), (8192, 8), (16384, 8), (16384, 16)]
+    for block, warps in configs:
+        for kind in ("int8", "fp8_e4m3", "nvfp4", "nvfp4_div_rn", "bwd_clipped"):
+            cfg = KernelConfig(block, warps, nvfp4_int_recip=kind != "nvfp4_div_rn")
+            fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind.replace("_div_rn", ""), cfg)
+            ms = _graph_ms(fns)
+            nbytes = (6 if kind == "bwd_clipped" else 4) * numel
+            rows.append({"kind": kind, "block": block, "warps": warps, "ms": ms, "pct_copy": 100 * nbytes / ms / 1e6 / copy_gbps})
+            print(f"  sweep {kind:13s} block={block:6d} warps={warps:2d}  {ms:7.3f} ms  {rows[-1]['pct_copy']:5.1f}%", flush=True)
+    return rows
+
+
+def triton_copy_pct(copy_gbps: float) -> float:
+    """A plain Triton copy through the same tensor-of-pointers tiling (no arithmetic): what the
+    access pattern alone reaches at the Ultra production case, as % of copy bandwidth."""
+    from .copy_kernel import tiled_copy_kernel
+    from .formats import FMT_FP8
+    from .geometry import choose_tile, grid_for
+    from .launch import FWD_CONFIG
+
+    _, n, shape = PRODUCTION
+    runner = KernelRunner([make_experts(n, shape, seed=0)])
+    (ws, _), table, (flat, _) = runner.sets[0], runner.tables[0], runner.outs[0]
+    cfg = FWD_CONFIG[FMT_FP8]
+    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=16)
+    grid = grid_for(table.shapes, tile)
+    xi, fi = ws[0].view(torch.int16), flat.view(torch.int16)
+    launch_copy = lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, ALIGNED=table.aligned, BR=tile.br, BC=tile.bc, num_warps=tile.num_warps)  # noqa: E731
+    ms = _graph_ms([launch_copy])
+    return 100 * 4 * n * shape[0] * shape[1] / ms / 1e6 / copy_gbps
+
+
+def _cases(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
+    counts = (4, 32, 128) if quick else EXPERT_COUNTS
+    shapes = {"ultra_fc1": SHAPES["ultra_fc1"]} if quick else SHAPES
+    return [(f"{name}/N{n}", n, shape) for name, shape in shapes.items() for n in counts] + [
+        (f"{PRODUCTION[0]}/N{PRODUCTION[1]}", PRODUCTION[1], PRODUCTION[2])
+    ]
+
+
+def print_table(results: list[CaseResult], copy_gbps: float) -> None:
+    print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s (read + write); kernel % of it, speedup vs the per-expert eager loop")
+    head = f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd")) + "   xloop(int8/fp8/nvfp4/bwd)   api_ms  stacked_fp8_ms"
+    print(head)
+    for r in results:
+        pcts = " ".join(f"{r.pct_copy.get(k, float('nan')):8.1f}%" for k in (*FORMATS, "bwd_clipped"))
+        sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in (*EAGER_FORMATS, "bwd_clipped"))
+        st = r.stacked_eager_ms.get("fp8_e4m3")
+        print(f"{r.case:22s} {pcts}   {sp:>26s}   {r.api_ms:6.3f}  {st if st is None else f'{st:.2f}'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="grouped fake-quant kernel benchmark (one GPU)")
+    ap.add_argument("--out", type=Path, required=True, help="directory for bench.json")
+    ap.add_argument("--quick", action="store_true", help="Ultra fc1 at N in {4, 32, 128} plus the production case")
+    ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations at the production case")
+    ap.add_argument("--eager-max-gb", type=float, default=6.0, help="skip eager baselines above this many bytes moved")
+    ap.add_argument("--stacked-max-gb", type=float, default=6.0, help="skip the stacked eager reference above this")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("kernels.bench needs a CUDA device")
+    import triton
+
+    t0 = time.time()
+    copy_gbps = copy_bandwidth_gbps()
+    print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbps:.0f} GB/s", flush=True)
+    report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+                    "copy_gbps": copy_gbps}  # fmt: skip
+    if args.sweep:
+        report["sweep"] = sweep(copy_gbps)
+    report["triton_copy_pct"] = triton_copy_pct(copy_gbps)
+    print(f"plain Triton copy, same tiling, production case: {report['triton_copy_pct']:.1f}% of copy bandwidth", flush=True)
+    results = []
+    for name, n, shape in _cases(args.quick):
+        results.append(bench_case(name, n, shape, copy_gbps, args))
+        r = results[-1]
+        print(f"  {name:22s} fp8 {r.pct_copy.get('fp8_e4m3', float('nan')):5.1f}%  ({time.time() - t0:.0f}s)", flush=True)
+        torch.cuda.empty_cache()
+    report["cases"] = [asdict(r) for r in results]
+    report["peak_memory_production"] = peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
+    report["seconds"] = time.time() - t0
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    print_table(results, copy_gbps)
+    print(f"peak extra memory at {PRODUCTION[0]}: {report['peak_memory_production']}  (outputs {PRODUCTION[1]}x{PRODUCTION[2]} bf16)")
+    print(f"total {report['seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
