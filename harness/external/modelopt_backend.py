@@ -201,8 +201,12 @@ class ModeloptBackend:
             raise ValueError("NVFP4 takes one global amax per expert, not per channel")
         if w.shape[-1] % block_size:
             raise ValueError(f"modelopt's static NVFP4 kernel needs the last dim ({w.shape[-1]}) to be a multiple of {block_size}")
-        bamax = block_amax(w.detach(), block_size)
-        return tq.static_blockwise_fp4_fake_quant(w, bamax, g, True, E4M3_MAX, None, pass_through_bwd)
+        # blocks as their own axis, as TensorQuantizer lays them out: the kernel reads the flat
+        # buffer either way, and the clipped backward (|x| <= block amax) then broadcasts per block
+        blocks = w.reshape(*w.shape[:-1], -1, block_size)
+        bamax = block_amax(w.detach(), block_size).unsqueeze(-1)
+        y = tq.static_blockwise_fp4_fake_quant(blocks, bamax, g, True, E4M3_MAX, None, pass_through_bwd)
+        return y.reshape(w.shape)
 
 
 modelopt = ModeloptBackend("cuda")

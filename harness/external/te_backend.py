@@ -93,8 +93,15 @@ class TEBackend:
         ok, why = self.available()
         if not ok:
             return False, why
-        if fmt == "nvfp4" and "NVFP4Quantizer" not in _te()[0]:
-            return False, "transformer_engine has no NVFP4Quantizer"
+        if fmt == "nvfp4":
+            found = _te()[0]
+            if "NVFP4Quantizer" not in found:
+                return False, "transformer_engine has no NVFP4Quantizer"
+            try:  # NVFP4 kernels may need a newer GPU than this one: ask TE, once
+                probe = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+                self._qdq(found, fmt, probe, torch.tensor(1.0, device="cuda"))
+            except Exception as exc:  # noqa: BLE001 - the reason is the answer
+                return False, f"TE's NVFP4 quantize->dequantize does not run here: {type(exc).__name__}: {exc}"[:300]
         return True, ""
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, **options) -> list[torch.Tensor]:
@@ -122,9 +129,23 @@ class TEBackend:
                     continue
                 if fmt in self.calibrated_only:
                     _require_calibrated(w, a, self.name)
-                q = self._quantizer(found, fmt, a.to(w.device))(w.contiguous())
-                out.append(q.dequantize(dtype=w.dtype))
+                out.append(self._qdq(found, fmt, w, a.to(w.device)))
         return out
+
+    def _qdq(self, found: dict[str, Any], fmt: str, w: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Quantize -> dequantize one expert, zero-padded to TE's tile shapes (zeros change no amax):
+        FP8 elementwise as ``[-1, 16]`` rows; NVFP4 with rows padded to a multiple of 16."""
+        if fmt == "nvfp4":
+            if w.shape[-1] % NVFP4_BLOCK:
+                raise ValueError(f"TE's NVFP4 quantizer needs the last dim ({w.shape[-1]}) to be a multiple of {NVFP4_BLOCK}")
+            rows = w.reshape(-1, w.shape[-1])
+        else:
+            rows = w.reshape(-1)
+            rows = torch.cat([rows, rows.new_zeros((-rows.numel()) % 256)]).reshape(-1, 16)
+        n = rows.shape[0]
+        padded = torch.cat([rows, rows.new_zeros(((-n) % 16, rows.shape[1]))]).contiguous()
+        y = self._quantizer(found, fmt, a)(padded).dequantize(dtype=w.dtype)[:n]
+        return y.reshape(-1)[: w.numel()].reshape(w.shape) if fmt != "nvfp4" else y.reshape(w.shape)
 
     def _quantizer(self, found: dict[str, Any], fmt: str, a: torch.Tensor):
         tex = found["tex"]
