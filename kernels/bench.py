@@ -237,14 +237,18 @@ def sweep(copy_gbps: float) -> list[dict]:
     numel = n * shape[0] * shape[1]
     rows = []
     configs = [(4096, 4), (8192, 8), (16384, 8), (16384, 16)]
-    for block, warps in configs:
-        for kind in ("int8", "fp8_e4m3", "nvfp4", "nvfp4_div_rn", "bwd_clipped"):
-            cfg = KernelConfig(block, warps, nvfp4_int_recip=kind != "nvfp4_div_rn")
-            fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind.replace("_div_rn", ""), cfg)
-            ms = _graph_ms(fns)
-            nbytes = (6 if kind == "bwd_clipped" else 4) * numel
-            rows.append({"kind": kind, "block": block, "warps": warps, "ms": ms, "pct_copy": 100 * nbytes / ms / 1e6 / copy_gbps})
-            print(f"  sweep {kind:13s} block={block:6d} warps={warps:2d}  {ms:7.3f} ms  {rows[-1]['pct_copy']:5.1f}%", flush=True)
+    plan = [(b, w, k, True, True) for b, w in configs for k in ("int8", "fp8_e4m3", "nvfp4", "bwd_clipped")]
+    plan += [(8192, 8, k, False, k != "nvfp4") for k in ("int8", "fp8_e4m3", "nvfp4")]  # tl.math.div_rn scales
+    plan += [(4096, 8, "nvfp4", True, False), (4096, 8, "nvfp4", False, False)]
+    for block, warps, kind, int_div, int_recip in plan:
+        cfg = KernelConfig(block, warps, nvfp4_int_recip=int_recip, scalar_int_div=int_div)
+        fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind, cfg)
+        ms = _graph_ms(fns)
+        nbytes = (6 if kind == "bwd_clipped" else 4) * numel
+        rows.append({"kind": kind, "block": block, "warps": warps, "scalar_int_div": int_div, "nvfp4_int_recip": int_recip,
+                     "ms": ms, "pct_copy": 100 * nbytes / ms / 1e6 / copy_gbps})  # fmt: skip
+        print(f"  sweep {kind:12s} block={block:6d} warps={warps:2d} int_div={int_div:d} int_recip={int_recip:d}"
+              f"  {ms:7.3f} ms  {rows[-1]['pct_copy']:5.1f}%", flush=True)  # fmt: skip
     return rows
 
 
@@ -292,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for bench.json")
     ap.add_argument("--quick", action="store_true", help="Ultra fc1 at N in {4, 32, 128} plus the production case")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations at the production case")
+    ap.add_argument("--no-cases", action="store_true", help="skip the case table (copy bandwidth and sweep only)")
     ap.add_argument("--eager-max-gb", type=float, default=6.0, help="skip eager baselines above this many bytes moved")
     ap.add_argument("--stacked-max-gb", type=float, default=6.0, help="skip the stacked eager reference above this")
     args = ap.parse_args(argv)
@@ -309,13 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     report["triton_copy_pct"] = triton_copy_pct(copy_gbps)
     print(f"plain Triton copy, same tiling, production case: {report['triton_copy_pct']:.1f}% of copy bandwidth", flush=True)
     results = []
-    for name, n, shape in _cases(args.quick):
+    for name, n, shape in [] if args.no_cases else _cases(args.quick):
         results.append(bench_case(name, n, shape, copy_gbps, args))
         r = results[-1]
         print(f"  {name:22s} fp8 {r.pct_copy.get('fp8_e4m3', float('nan')):5.1f}%  ({time.time() - t0:.0f}s)", flush=True)
         torch.cuda.empty_cache()
     report["cases"] = [asdict(r) for r in results]
-    report["peak_memory_production"] = peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
+    report["peak_memory_production"] = None if args.no_cases else peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
     report["seconds"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))

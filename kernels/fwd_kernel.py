@@ -2,8 +2,9 @@
 
 Per format the fp32 op sequence is the reference default variant's (see the module docstrings of
 ``reference/int_quant.py`` ("cuda"), ``reference/fp8_e4m3.py`` ("cuda"), ``reference/nvfp4.py``
-("te")); scale divisions use ``tl_rounding.div_rn_pos`` (correctly rounded, integer only), element
-rounding uses ``tl_rounding``.  Per-expert scalars are recomputed by each program (a few dozen
+("te")); scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
+``tl.math.div_rn`` where operands and quotient are provably normal), element rounding uses
+``tl_rounding``.  Per-expert scalars are recomputed by each program (a few dozen
 instructions): that keeps the whole operation in one launch.
 
 Check flags (``CHECK``): ``flag[0]`` <- 1 if unsigned INT sees a negative input; ``flag[1]`` <- 1
@@ -22,6 +23,7 @@ from .formats import E4M3_MAX, FMT_FP8, FMT_INT, FMT_NVFP4, FP32_MAX, NVFP4_BLOC
 from .tiles import expert_base, expert_out_base, program_tile, tile_2d
 from .tl_rounding import (
     bits_to_f32,
+    div_rn_normal,
     div_rn_pos,
     f32_to_bits,
     int_dequant_magnitude,
@@ -50,7 +52,7 @@ def _flag_if(flag_ptr, slot, bad):
 
 
 @triton.jit
-def _int_tile(x, a, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
+def _int_tile(x, a, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
     """INT "cuda": s = RN(qmax/amax); q = clamp(rint(RN(x*s)), lo, qmax); y = RN(q/s); amax < 2**-24 -> +0.
 
     ``q/s`` is evaluated as ``RN(|q| / (256 s)) * 256`` with the sign put back: the quotient by
@@ -59,9 +61,9 @@ def _int_tile(x, a, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexp
     """
     zero = a < _TINY
     a1 = tl.where(zero, 1.0, a)
-    s = div_rn_pos(tl.zeros_like(a1) + QMAX, a1)
+    s = div_rn_normal(tl.zeros_like(a1) + QMAX, a1, INT_DIV)  # a1 in [2**-24, FP32_MAX]: s normal
     s2 = s * 256.0
-    r2 = div_rn_pos(tl.zeros_like(s2) + 1.0, s2)
+    r2 = div_rn_normal(tl.zeros_like(s2) + 1.0, s2, INT_DIV)
     v = x * s
     w = tl.minimum(tl.maximum(v, LO), QMAX)  # NaN: overwritten by the caller's NaN mask
     m = rne_integer_magnitude(w)
@@ -71,28 +73,28 @@ def _int_tile(x, a, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexp
 
 
 @triton.jit
-def _fp8_tile(x, a):
+def _fp8_tile(x, a, INT_DIV: tl.constexpr):
     """FP8 "cuda": a = 1 if amax <= 2**-24; s = RN(448/a); inv = RN(1/s); y = RN(e4m3(RN(x*s)) * inv)."""
     a1 = tl.where(a <= _TINY, 1.0, a)
-    s = div_rn_pos(tl.zeros_like(a1) + _E4M3_MAX, a1)
-    inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
+    s = div_rn_normal(tl.zeros_like(a1) + _E4M3_MAX, a1, INT_DIV)  # a1 in (2**-24, FP32_MAX]
+    inv = div_rn_normal(tl.zeros_like(s) + 1.0, s, INT_DIV)
     v = x * s
     c = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
     return round_to_e4m3(c) * inv
 
 
 @triton.jit
-def _nvfp4_tile(x, g, BLOCK_RECIP_INT: tl.constexpr):
+def _nvfp4_tile(x, g, BLOCK_RECIP_INT: tl.constexpr, INT_DIV: tl.constexpr):
     """NVFP4 "te" on a ``[BR, NB, 16]`` tile (zero-padded short blocks): see ``reference/nvfp4.py``.
 
     1. ge = min(RN(2688/g), FP32_MAX), 1 if 0   2. gd = RN(1/ge)   3. mult = RN(ge * RN(1/6))
     4. vmax = max|x| per block   5. ds8 = e4m3(RN(vmax*mult))   6. es = min(RN(1/RN(ds8*gd)), FP32_MAX)
     7. v = RN(x*es)   8. q = e2m1(v)   9. y = RN(RN(q*ds8)*gd)
     """
-    ge = div_rn_pos(tl.zeros_like(g) + _GSCALE, g)
+    ge = div_rn_normal(tl.zeros_like(g) + _GSCALE, g, INT_DIV)  # g = 0 or subnormal: +inf either way
     ge = tl.where(ge > _FMAX, _FMAX, ge)
     ge = tl.where(ge == 0.0, 1.0, ge)
-    gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)
+    gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)  # subnormal when ge > 2**126: integer division
     mult = ge * _SIXTH
     vmax = tl.max(tl.abs(x), axis=2, keep_dims=True)
     p = vmax * mult
@@ -137,6 +139,7 @@ def fake_quant_fwd_kernel(
     ALIGNED: tl.constexpr,
     EXACT_FMA: tl.constexpr,
     BLOCK_RECIP_INT: tl.constexpr,
+    INT_DIV: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
 ):
@@ -155,7 +158,7 @@ def fake_quant_fwd_kernel(
             g = tl.load(amax_ptr + e * amax_se)
             bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
             x = bits_to_f32(bits, IO)
-            y = _nvfp4_tile(x, g, BLOCK_RECIP_INT)
+            y = _nvfp4_tile(x, g, BLOCK_RECIP_INT, INT_DIV)
             nan = x != x
             block_nan = tl.max(nan.to(tl.int32), axis=2, keep_dims=True) > 0
             out = f32_to_bits(y, nan | block_nan, IO)
@@ -171,10 +174,10 @@ def fake_quant_fwd_kernel(
             x = bits_to_f32(bits, IO)
             nan = x != x
             if FMT == _FMT_INT:
-                y, zero = _int_tile(x, a, LO, QMAX, EXACT_FMA)
+                y, zero = _int_tile(x, a, LO, QMAX, EXACT_FMA, INT_DIV)
                 nan = nan & (zero == 0)
             else:
-                y = _fp8_tile(x, a)
+                y = _fp8_tile(x, a, INT_DIV)
             out = f32_to_bits(y, nan, IO)
             if CHECK and UNSIGNED:
                 _flag_if(flag_ptr, 0, (x < 0.0) & mask)

@@ -39,6 +39,8 @@ class KernelConfig:
     max_bc: int = 2048
     nvfp4_int_recip: bool = True
     """NVFP4 block reciprocal ``RN(1/d)``: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
+    scalar_int_div: bool = True
+    """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
 
 
 FWD_CONFIG: dict[int, KernelConfig] = {
@@ -48,6 +50,7 @@ FWD_CONFIG: dict[int, KernelConfig] = {
 }
 BWD_CONFIG = KernelConfig(8192, 8)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
+"""Under the interpreter both division paths are numpy's IEEE division or exact integer code."""
 
 
 def _config(device: torch.device, config: KernelConfig | None, gpu_default: KernelConfig) -> KernelConfig:
@@ -174,6 +177,7 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, a
         UNSIGNED=spec.unsigned,
         EXACT_FMA=env.exact_fma(device.type),
         BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
+        INT_DIV=cfg.scalar_int_div,
     )
 
 

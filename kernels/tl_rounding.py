@@ -126,7 +126,7 @@ def _normalize(bits):
     M = tl.where(sub, bits & 0x7FFFFF, (bits & 0x7FFFFF) | 0x800000)
     e = tl.where(sub, -126, E - 127)
     for i in tl.static_range(5):
-        sh: tl.constexpr = 16 >> i
+        sh = 16 >> i  # constexpr: 16, 8, 4, 2, 1
         need = (M < (1 << (24 - sh))) & (M != 0)
         M = tl.where(need, M << sh, M)
         e = tl.where(need, e - sh, e)
@@ -168,6 +168,17 @@ def div_rn_pos(a, b):
     bits = tl.where(bb > 0x7F800000, 0x7FC00000, bits)
     bits = tl.where(ab == 0, 0, bits)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def div_rn_normal(a, b, INT_DIV: tl.constexpr):
+    """``RN(a / b)`` where ``a``, ``b`` and the quotient are normal (or ``b`` = 0 / subnormal with an
+    overflowing quotient): ``div_rn_pos`` or the back end's IEEE division ``tl.math.div_rn``, which
+    agree there (a flush-to-zero division differs only on subnormal operands or results)."""
+    if INT_DIV:
+        return div_rn_pos(a, b)
+    else:
+        return tl.math.div_rn(a, b)
 
 
 @triton.jit

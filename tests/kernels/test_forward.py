@@ -198,3 +198,30 @@ def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generat
     want = reference.fake_quant(x, amax[0], "nvfp4")
     assert bool((want != 0).any()), "the case must produce non-zero outputs to mean anything"
     assert_same_bits(outs, [want], [x], case="nvfp4/subnormal_d")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "nvfp4"])
+def test_hardware_division_paths(fmt: str, gen: torch.Generator, device: str) -> None:
+    """``scalar_int_div=False`` / ``nvfp4_int_recip=False``: scales through ``tl.math.div_rn``."""
+    from kernels import launch
+    from kernels.amax import amax_for_list
+    from kernels.formats import parse_spec
+
+    ws = [w.to(device) for w in expert_weights(gen, LIST_SHAPES, torch.bfloat16, specials=fmt != "nvfp4")]
+    amax = amax_stack(ws, [AMAX_MODES[i % len(AMAX_MODES)] for i in range(len(ws))], per_channel=False).to(device)
+    table = launch.expert_table(ws)
+    flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    base = launch.INTERPRETER_CONFIG if device == "cpu" else launch.FWD_CONFIG[parse_spec(fmt, None, {}).code]
+    cfg = launch.KernelConfig(base.block, base.num_warps, base.max_waste, base.max_bc, nvfp4_int_recip=False, scalar_int_div=False)
+    view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
+    launch.fwd_list(table, ws[0], flat, view, parse_spec(fmt, None, {}), check=True, config=cfg)
+    assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/div_rn")
+
+
+def test_one_dimensional_input(gen: torch.Generator, device: str) -> None:
+    """A 1-D tensor is one expert with one row (per-tensor amax), in both layouts."""
+    x = expert_weights(gen, [(37,)], torch.bfloat16, specials=False)[0].to(device)
+    a = x.float().abs().amax() * 0.5
+    for fmt in ("int8", "nvfp4"):
+        assert_same_bits([kernels.fake_quant(x, a, fmt)], [reference.fake_quant(x, a, fmt)], [x], case=f"{fmt}/1d")
+        assert_same_bits(kernels.fake_quant_experts([x], a.reshape(1), fmt), [reference.fake_quant(x, a, fmt)], [x], case=f"{fmt}/1d_list")
