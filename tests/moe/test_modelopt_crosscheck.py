@@ -17,9 +17,10 @@ from harness.moe.layers import SequentialExperts, set_expert_params
 from harness.moe.quantized import QuantSequentialExperts, calibrate
 from harness.moe.roles import QuantSpec, Recipe
 
-mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed")
-
-pytestmark = pytest.mark.filterwarnings("ignore:Cannot find transformers package:UserWarning")
+pytestmark = [
+    pytest.mark.slow,  # importing Model-Optimizer alone takes ~5 s of CPU; deselect with -m "not slow"
+    pytest.mark.filterwarnings("ignore:Cannot find transformers package:UserWarning"),
+]
 
 SHAPE = ExpertShape(4, 16, 32, 40)
 
@@ -41,6 +42,7 @@ class PlainExperts(nn.Module):
 
 
 def test_modelopt_fp8_amax_equals_ours_and_empty_expert_differs_as_documented():
+    mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed")
     data = make_expert_data(SHAPE, seed=21)
     theirs = PlainExperts(data.weights, data.biases)
 
