@@ -64,6 +64,9 @@ def _check_dims(num_gemms: int, in_features: int, out_features: int) -> None:
 class GroupedLinearTwin(nn.Module):
     """Pure-torch ``transformer_engine.pytorch.GroupedLinear`` (no TP, no FP8, no fused wgrad).
 
+    Everything after ``out_features`` is keyword-only: in TE, ``bias`` is not the fourth
+    positional parameter (``sequence_parallel`` is), so positional use could not mean the same.
+
     * ``num_gemms``, ``in_features``, ``out_features``: as TE.
     * ``bias``: register ``bias{i}`` parameters (zero-initialised, as TE).
     * ``params_dtype``: parameter dtype (default ``torch.get_default_dtype()``, as TE).
@@ -78,10 +81,10 @@ class GroupedLinearTwin(nn.Module):
         num_gemms: int,
         in_features: int,
         out_features: int,
+        *,
         bias: bool = True,
         params_dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-        *,
         single_grouped_weight: bool = False,
         init_std: float = 0.023,
         generator: torch.Generator | None = None,
