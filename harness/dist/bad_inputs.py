@@ -131,6 +131,27 @@ def make_bad_cases(workdir: str, cfg: MoEConfig, seed: int, good: dict[tuple[str
     return cases
 
 
+def flip_payload_bit(src: str, dst: str, needle: bytes) -> str:
+    """Copy checkpoint ``src`` to ``dst`` and flip one bit inside the stored bytes ``needle``.
+
+    DCP keeps no checksums and ``torch.load`` does not check the zip CRC, so this loads without
+    an error: only comparing values (``oracle.content_verdict``) can notice it.
+    """
+    _copy(src, dst)
+    for name in sorted(os.listdir(dst)):
+        file = os.path.join(dst, name)
+        if not name.endswith(".distcp"):
+            continue
+        with open(file, "r+b") as f:
+            data = f.read()
+            pos = data.find(needle)
+            if pos >= 0:
+                f.seek(pos + 1)
+                f.write(bytes([data[pos + 1] ^ 0x40]))
+                return dst
+    raise ValueError(f"the {len(needle)} needle bytes are in no data file of {src}")
+
+
 def _corrupted(good: str, workdir: str, cfg: MoEConfig) -> list[BadCase]:
     """Copies of ``good`` (one-vector FP8) with one file damaged each."""
     out = []

@@ -12,9 +12,11 @@ No hangs: the process group has a timeout (a collective some rank never joins ra
 caller waits at most ``timeout_s``; then it kills the ranks it started and raises ``RankTimeout``.
 A rank that raises makes ``run_ranks`` raise ``RankFailure`` with that rank's traceback.
 
-CPU ranks start from a fork server that has torch and this package imported (``PRELOAD``): a
-spawned interpreter per rank would re-import torch, seconds each on 2 cores.  CUDA ranks use
-``spawn`` (a forked CUDA context is unusable).
+Ranks start from a fork server that has torch and this package imported (``PRELOAD``): a
+spawned interpreter per rank would re-import torch (and ``torch._dynamo``, which the first
+``DTensor.from_local`` imports), seconds each on 2 cores.  The fork server never touches CUDA
+(importing torch does not initialize it), so each CUDA rank starts its own context, as with
+``spawn``.
 """
 
 from __future__ import annotations
@@ -198,9 +200,7 @@ def _rank_entry(rank: int, spec: LaunchSpec) -> None:
         dist.destroy_process_group()
 
 
-def _start_method(backend: str) -> str:
-    if backend == "nccl":
-        return "spawn"
+def _start_method() -> str:
     mp.set_forkserver_preload(PRELOAD)
     return "forkserver"
 
@@ -248,7 +248,7 @@ def run_ranks(
     out_dir = tempfile.mkdtemp(prefix=f"ranks-{layout.id}-{uuid.uuid4().hex[:6]}-", dir=workdir)
     for attempt in range(2):
         spec = LaunchSpec(job, payload, layout, backend, free_port(), out_dir, pg_timeout_s)
-        context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method(backend))
+        context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method())
         try:
             _wait(context, time.monotonic() + timeout_s, layout, timeout_s)
             break

@@ -8,7 +8,9 @@
    ``negative/no_global_amax_sync/{layout}``), save one checkpoint per (quantizer layout,
    format), plus local-index checkpoints under EP>1 (negative control);
 3. **content** -- each checkpoint loaded whole by this process (``safe_io.load_full``), compared
-   with the truth (``content/{ckpt}``; ``negative/local_index/content/{ckpt}``);
+   with the truth (``content/{ckpt}``; ``negative/local_index/content/{ckpt}``; and
+   ``negative/payload_bitflip/content/{ckpt}``: one flipped bit in a stored weight, which DCP
+   loads without complaint);
 4. **bad inputs** -- checkpoints that must not load (``bad_inputs``);
 5. **load** -- one ``run_ranks(load_job)`` per load layout, loading every checkpoint of every
    save layout (``roundtrip/{save}->{load}/{qlayout}/{format}``), the local-index checkpoints of
@@ -29,7 +31,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .bad_inputs import BadCase, make_bad_cases
+from .bad_inputs import BadCase, flip_payload_bit, make_bad_cases
 from .checks import Verdict, negative_control
 from .engines import ENGINES
 from .jobs import NO_GLOBAL_SYNC, CkptTask, LoadPayload, SavePayload, load_job, save_job
@@ -141,6 +143,24 @@ def _stage_content(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> Non
             out.append(inner)
 
 
+def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[Verdict]) -> None:
+    """Negative control: one flipped bit in a weight's stored bytes loads silently (DCP has no
+    checksums); the content check must see it."""
+    src = next((s for s in saved if s.task.index_mode == "global" and s.oracle is not None), None)
+    if src is None:
+        return
+    needle = truth.weights["fc1"][0, 0].contiguous().view(torch.int16).numpy().tobytes()
+    fields = {"save": src.layout.id, "qlayout": src.task.qlayout, "format": src.task.qf_id}
+    check_id = f"negative/payload_bitflip/content/{src.task.ckpt_id}"
+    try:
+        flipped = load_full(flip_payload_bit(src.task.path, os.path.join(workdir, "bitflip"), needle))
+    except (CheckpointError, ValueError) as exc:
+        out.append(Verdict(check_id, "fail", fields, f"could not build the flipped checkpoint: {exc}"))
+        return
+    inner = content_verdict(check_id, fields, flipped, truth_entries(truth, src.task.qlayout, src.task.qf_id))
+    out.append(negative_control(check_id, inner, "one flipped bit in a stored weight"))
+
+
 def _load_tasks(saved: list[_Saved], lay: Layout, bad: list[BadCase]) -> list[CkptTask]:
     tasks = [s.task for s in saved if s.task.index_mode == "global"]
     tasks += [s.task for s in saved if s.task.index_mode == "local" and s.layout == lay]
@@ -205,6 +225,8 @@ def _run_plan(plan: DistPlan, workdir: str) -> list[Verdict]:
     for lay in plan.save_layouts:
         saved += _stage_save(plan, lay, truth, workdir, out)
     _stage_content(saved, truth, out)
+    if plan.negative_controls:
+        _payload_bitflip(saved, truth, workdir, out)
     bad: list[BadCase] = []
     if plan.bad_inputs:
         good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}

@@ -54,9 +54,9 @@ def echo_job(ctx: RankContext, payload: Any) -> dict:
 
 
 PROBES = {
-    "hang": (hang_job, {"timeout_s": 4.0}),
+    "hang": (hang_job, {"timeout_s": 3.0}),
     "raise": (raise_job, {}),
-    "missed_collective": (missed_collective_job, {"timeout_s": 60.0, "pg_timeout_s": 3.0}),
+    "missed_collective": (missed_collective_job, {"timeout_s": 60.0, "pg_timeout_s": 2.0}),
     "echo": (echo_job, {}),
 }
 

@@ -88,6 +88,14 @@ def test_forgotten_global_amax_sync_is_caught(gloo_run, layout):
     assert "_global_amax" in rows[0].message
 
 
+def test_silent_payload_bitflip_is_caught(gloo_run):
+    """Negative control: DCP loads a checkpoint with one flipped payload bit without an error
+    (no checksums); the content check against the truth names the key and element."""
+    rows = gloo_run.rows("negative/payload_bitflip/content/")
+    _all_pass(rows, 1)
+    assert "weight0: 1/" in rows[0].message or "weight: 1/" in rows[0].message, rows[0].message
+
+
 @pytest.mark.parametrize("kind", BAD_KINDS)
 def test_bad_input_refused(gloo_run, kind):
     """Every rank of every load layout refuses the checkpoint with the expected error class and a
