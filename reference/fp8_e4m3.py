@@ -17,7 +17,12 @@ Default variant ``cuda`` (Model-Optimizer ``scaled_e4m3`` CUDA extension), fp32 
     5. y   = RN(e * inv)
     6. out = RNE_dtype(y)             NaN -> canonical NaN (bf16 0x7FFF), see rounding.to_output_dtype
 
-Variant ``reciprocal`` (torch eager ``448.0 / amax`` = ``reciprocal(amax) * 448``, then ``e / s``)::
+Variant ``eager`` (Model-Optimizer 0.47.0 eager path, measured bit for bit on CPU: torch evaluates
+``448.0 / amax`` as ``reciprocal(amax) * 448``; dequantization as in ``cuda``)::
+
+    1. s = RN(RN(1 / a) * 448)   2. inv = RN(1 / s)   3-6 as default
+
+Variant ``reciprocal`` (the same scale, dequantized by a true division ``e / s``)::
 
     1. s = RN(RN(1 / a) * 448)   3. v = RN(x * s)   4. e = e4m3(v)   5. y = RN(e / s)
 
@@ -52,6 +57,16 @@ def fp8_cuda(x, amax) -> FakeQuantResult:
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
 
 
+def fp8_eager(x, amax) -> FakeQuantResult:
+    """Model-Optimizer eager: ``s = RN(RN(1/a) * 448)``, ``inv = RN(1/s)``, ``y = RN(e4m3(x*s) * inv)``."""
+    xf, a = _prepare(x, amax)
+    s = torch.reciprocal(a) * fp32_scalar_like(E4M3_MAX, xf)
+    inv = fp32_scalar_like(1.0, xf) / s
+    v = xf * s
+    y = round_to_e4m3(v) * inv
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
+
+
 def reciprocal_core(xf: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 core of the ``reciprocal`` variant on a broadcast amax ``a``: returns ``(y, v)``."""
     s = torch.reciprocal(a) * fp32_scalar_like(E4M3_MAX, xf)
@@ -75,5 +90,5 @@ def fp8_div(x, amax) -> FakeQuantResult:
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
 
 
-VARIANTS = {"cuda": fp8_cuda, "reciprocal": fp8_reciprocal, "div": fp8_div}
+VARIANTS = {"cuda": fp8_cuda, "eager": fp8_eager, "reciprocal": fp8_reciprocal, "div": fp8_div}
 DEFAULT_VARIANT = "cuda"

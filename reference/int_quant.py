@@ -20,10 +20,17 @@ Default variant ``cuda`` (Model-Optimizer CUDA extension, FINDINGS §5), fp32 op
     6. out = RNE_dtype(y)             NaN -> canonical NaN (bf16 0x7FFF), see rounding.to_output_dtype
     amax < 2**-24  ->  out = +0 for every element (NaN inputs included).
 
-Variant ``reciprocal`` (Model-Optimizer eager path, torch's ``qmax / amax_tensor``)::
+Variant ``eager`` (Model-Optimizer 0.47.0 eager ``_tensor_quant``, measured bit for bit on CPU)::
+
+    1. s = RN(qmax / amax)  (true division);   amax <= 2**-24 -> s = 0   (note ``<=``, not ``<``)
+    2-4 as above (so x = NaN/inf with tiny amax gives NaN, and -x gives -0)
+    5. y = RN(q / s') with s' = 1 where amax <= 2**-24
+
+Variant ``reciprocal`` (the torch expression ``qmax / amax`` with a Python-number numerator, which
+torch evaluates as ``reciprocal(amax) * qmax``)::
 
     1. s = RN(RN(1 / amax) * qmax);   amax <= 2**-24 -> s = 0
-    2-4 as above;  5. y = RN(q / s') with s' = 1 where amax <= 2**-24 (so y = ±0)
+    2-5 as ``eager``
 
 Variant ``step`` (the public branch kernel of FINDINGS §5)::
 
@@ -68,16 +75,25 @@ def int_cuda(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bo
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
 
 
-def int_reciprocal(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
-    """Eager variant: ``s = RN(RN(1/amax) * qmax)`` (two roundings); see module docstring."""
+def _zero_scale_when_tiny(x, amax, scale_fn, *, num_bits: int, unsigned: bool, narrow_range: bool) -> FakeQuantResult:
+    """Shared steps of ``eager``/``reciprocal``: tiny amax zeroes the scale, then divides by 1."""
     xf, a, lo, qmax = _prepare(x, amax, num_bits, unsigned, narrow_range)
     tiny = a <= TINY_AMAX
-    s = torch.reciprocal(a) * fp32_scalar_like(qmax, xf)
-    s = torch.where(tiny, torch.zeros((), device=xf.device), s)
+    s = torch.where(tiny, torch.zeros((), device=xf.device), scale_fn(a, fp32_scalar_like(qmax, xf)))
     v = xf * s
     grid = _grid(lo, qmax)
     y = grid(v) / torch.where(tiny, torch.ones((), device=xf.device), s)
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
+
+
+def int_eager(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
+    """Model-Optimizer eager: ``s = RN(qmax/amax)``, zero scale where ``amax <= 2**-24``."""
+    return _zero_scale_when_tiny(x, amax, lambda a, q: q / a, num_bits=num_bits, unsigned=unsigned, narrow_range=narrow_range)
+
+
+def int_reciprocal(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
+    """``s = RN(RN(1/amax) * qmax)`` (two roundings), eager tiny-amax handling."""
+    return _zero_scale_when_tiny(x, amax, lambda a, q: torch.reciprocal(a) * q, num_bits=num_bits, unsigned=unsigned, narrow_range=narrow_range)
 
 
 def int_step(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bool = False) -> FakeQuantResult:
@@ -91,5 +107,5 @@ def int_step(x, amax, *, num_bits: int, unsigned: bool = False, narrow_range: bo
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, grid)
 
 
-VARIANTS = {"cuda": int_cuda, "reciprocal": int_reciprocal, "step": int_step}
+VARIANTS = {"cuda": int_cuda, "eager": int_eager, "reciprocal": int_reciprocal, "step": int_step}
 DEFAULT_VARIANT = "cuda"
