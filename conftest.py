@@ -7,3 +7,5 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+pytest_plugins = ["harness.pytest_plugin"]
