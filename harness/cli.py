@@ -5,6 +5,8 @@
   when every check passed (1 on failures, 2 when a backend asked for is unavailable, 130 on Ctrl-C).
 * ``compare OLD NEW``: print regressions, improvements and changes; exit 1 on any regression.
 * ``list``: suites and their cases, and the backends with their availability.
+* ``selftest``: run the built-in mutants (deliberately broken backends) through a suite; exit 0 only
+  when every mutant is killed by some check and the unmutated backends pass.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
     c.add_argument("--threshold", type=float, default=SLOWDOWN_THRESHOLD, help=f"slowdown counted as regression (default {SLOWDOWN_THRESHOLD})")
+    st = sub.add_parser("selftest", help="prove every check fires: run the mutant backends; exit 1 if one survives")
+    st.add_argument("--suite", default="ci", choices=("ci", "nightly"), help="cases to hunt the mutants with (default: ci, the fast subset)")
+    st.add_argument("--mutant", action="append", default=None, metavar="NAME", help="only this mutant (repeatable)")
+    st.add_argument("--case", action="append", default=[], metavar="ID", help="only this case id (repeatable)")
+    st.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    st.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
+    st.add_argument("--json", type=Path, default=None, help="write the outcome as JSON here")
     ls = sub.add_parser("list", help="list suites, cases and backends")
     ls.add_argument("--suite", choices=sorted(SUITES), default=None, help="list the cases of this suite only")
     ls.add_argument("--cases", action="append", default=[], metavar="GLOB")
@@ -148,4 +157,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     prepare()
     args = _parser().parse_args(argv)
-    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list}[args.command](args)
+    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest}[args.command](args)
+
+
+def _cmd_selftest(args) -> int:
+    import json
+
+    from .selftest.report import print_outcome, to_json
+    from .selftest.runner import run_selftest
+
+    try:
+        result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None,
+                              controls=() if args.no_controls else None, progress=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_outcome(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(to_json(result), indent=1))
+        tmp.replace(args.json)
+    return 0 if result.ok else 1

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 VERDICTS = ("pass", "fail", "skip")
-CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "perf")
+CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
 """Check names, in report order."""
 
 

@@ -8,7 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+"""1.1: check "invariant.recalibrate"."""
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.schema.json"
 
 

@@ -13,7 +13,7 @@ from harness.records import CHECKS, CheckRecord
 from .backward import check_backward
 from .common import CheckContext, record
 from .forward import Expected, check_forward, expected_forward
-from .invariants import check_grouped, check_layout
+from .invariants import check_grouped, check_layout, check_recalibrate
 from .perf import check_perf
 
 DEFAULT_CHECKS = tuple(c for c in CHECKS if c != "perf")
@@ -37,7 +37,7 @@ def run_case_checks(ctx: CheckContext, checks: Iterable[str], expected: Optional
     for mode in ("pass_through", "clipped"):
         if f"backward.{mode}" in wanted:
             out.append(check_backward(ctx, mode))
-    for name, fn in (("invariant.layout", check_layout), ("invariant.grouped", check_grouped)):
+    for name, fn in (("invariant.layout", check_layout), ("invariant.grouped", check_grouped), ("invariant.recalibrate", check_recalibrate)):
         if name not in wanted:
             continue
         if expected.error is not None:
@@ -50,4 +50,4 @@ def run_case_checks(ctx: CheckContext, checks: Iterable[str], expected: Optional
 
 
 __all__ = ["CHECKS", "DEFAULT_CHECKS", "CheckContext", "Expected", "check_backward", "check_forward", "check_grouped",
-           "check_layout", "check_perf", "expected_forward", "run_case_checks"]
+           "check_layout", "check_perf", "check_recalibrate", "expected_forward", "run_case_checks"]

@@ -123,3 +123,38 @@ def check_grouped(ctx: CheckContext):
     if failed is not None:
         return replace(failed, duration_s=seconds)
     return record(ctx, check, "pass", f"experts {experts} compared" if len(experts) < case.n else "", duration_s=seconds, **_pass_fields(ctx))
+
+
+RECALIBRATE_FACTOR = 0.6875
+"""New amax = old amax x 0.6875 (11/16): not a power of two, which FP8/NVFP4 could not see."""
+
+
+def check_recalibrate(ctx: CheckContext):
+    """Same weights, new amax (as after calibration or a checkpoint reload): the second call must
+    follow the new amax, bit for bit with the reference.  Catches an amax gathered once and cached."""
+    from dataclasses import replace as dc_replace
+
+    from .forward import expected_forward
+
+    check = "invariant.recalibrate"
+    case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
+    if case.fmt not in be.formats:
+        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+    if not bool((inputs.amax > 0).any()):
+        return record(ctx, check, "skip", "every amax is zero: a new amax would be invisible")
+    opts = call_options(case)
+    first = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
+    if (reason := not_run_reason(ctx, first)) is not None:
+        return record(ctx, check, "skip", reason)
+    new_inputs = dc_replace(inputs, amax=inputs.amax * RECALIBRATE_FACTOR)
+    expected = expected_forward(new_inputs)
+    if expected.error is not None:
+        return record(ctx, check, "skip", f"the spec rejects the recalibrated input ({expected.error})")
+    second = call_backend(ctx, lambda: be.fake_quant(inputs.weights, new_inputs.amax, case.fmt, **opts))
+    if (problem := problems_of(second, inputs.weights)) is not None:
+        return record(ctx, check, "fail", f"call after recalibration: {problem}")
+    failed = _compare_runs(ctx, check, [t.out for t in expected.traced], second.value,
+                           f"after amax x {RECALIBRATE_FACTOR} the backend disagrees with the reference for the new amax (stale amax?)")
+    if failed is not None:
+        return failed
+    return record(ctx, check, "pass", "", duration_s=first.seconds + second.seconds, **_pass_fields(ctx))

@@ -182,8 +182,8 @@ def _ragged_expert0_size(self, weights, amax, fmt, **options):
 
 
 def _stale_cache(self, weights, amax, fmt, **options):
-    key = (fmt, tuple(tuple(w.shape) for w in weights), tuple(sorted(options.items())))
-    if key not in self._cache:  # amax gathered once and never invalidated
+    key = (fmt, tuple(w.data_ptr() for w in weights), tuple(sorted(options.items())))
+    if key not in self._cache:  # amax gathered once per set of weights and never invalidated
         self._cache[key] = amax.clone()
     return R.fake_quant_experts(weights, self._cache[key], fmt, **options)
 

@@ -1,0 +1,58 @@
+"""The selftest itself: every mutant dies on the ci cases; a correct 'mutant' survives and fails the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import harness.selftest.runner as runner
+from harness.cli import main
+from harness.selftest.mutants import Mutant, build_mutants
+
+
+def test_every_mutant_is_killed_and_controls_pass():
+    r = runner.run_selftest("ci")
+    survivors = [(m.name, m.message) for m in r.mutants if not m.killed]
+    assert not survivors, survivors
+    assert len(r.mutants) >= 15
+    assert all(c.available and not c.failures for c in r.controls), [(c.backend, c.reason, c.failures[:1]) for c in r.controls]
+    assert r.ok
+
+
+def test_kills_name_the_check_and_the_generated_case():
+    r = runner.run_selftest("ci", mutants=["clipped-ste-lt", "stale-amax-cache"], controls=())
+    by = {m.name: m for m in r.mutants}
+    assert by["clipped-ste-lt"].check == "backward.clipped"
+    assert by["stale-amax-cache"].check == "invariant.recalibrate"
+    assert all(m.case_id in {c.id for c in runner.suite_cases("ci")} for m in r.mutants)
+
+
+def test_a_correct_backend_survives_and_fails_the_selftest(monkeypatch, tmp_path, capsys):
+    harmless = Mutant("harmless", "no bug at all", {"int8", "int4", "fp8_e4m3", "nvfp4"})
+    monkeypatch.setattr(runner, "build_mutants", lambda: build_mutants()[:1] + [harmless])
+    out = tmp_path / "st.json"
+    assert main(["selftest", "--no-controls", "--json", str(out)]) == 1
+    assert "SURVIVED harmless" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert not data["ok"] and [m["killed"] for m in data["mutants"]] == [True, False]
+
+
+def test_a_failing_control_fails_the_selftest(monkeypatch):
+    monkeypatch.setattr(runner, "build_mutants", lambda: [])
+    r = runner.run_selftest("ci", controls=["tests.harness.broken_backends:OneUlpHigh"])
+    assert not r.ok and r.controls[0].failures
+
+
+def test_unknown_mutant_is_a_usage_error(capsys):
+    assert main(["selftest", "--mutant", "no-such-bug"]) == 2
+    assert "unknown mutant" in capsys.readouterr().err
+
+
+def test_section_rows():
+    from harness.selftest.report import section_of
+
+    r = runner.run_selftest("ci", mutants=["bf16-truncate"], controls=("reference",))
+    sec = section_of(r)
+    assert [row.id for row in sec.rows] == ["mutant/bf16-truncate", "control/reference"]
+    assert sec.verdict == "pass"
