@@ -78,6 +78,19 @@ def _select_cases(args) -> tuple:
     return select(suite(args.suite), patterns=args.cases, formats=args.formats)
 
 
+def _unwritable(out: Path) -> Optional[str]:
+    """Why ``out`` cannot take the report (checked before any case runs), or ``None``."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-probe-"):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
 def _cmd_run(args) -> int:
     import torch
 
@@ -96,6 +109,9 @@ def _cmd_run(args) -> int:
     cases = _select_cases(args)
     if not cases:
         print("error: no case matches the selection", file=sys.stderr)
+        return 2
+    if (problem := _unwritable(args.out)) is not None:
+        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
         return 2
     baseline = None
     if args.baseline is not None:
