@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 
 PROFILES = {
     "ci": dict(derandomize=True, max_examples=20, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]),
-    "nightly": dict(max_examples=1000, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]),
+    "nightly": dict(max_examples=5000, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]),
     "dev": dict(max_examples=50, deadline=None, print_blob=True),
 }
 DEFAULT_PROFILE = "ci"
