@@ -1,8 +1,13 @@
 """Materialize a ``Case`` into tensors: weights, amax, output gradients (deterministic per seed).
 
 Seeds: ``case_seed = (global_seed + crc32(case.id)) mod 2**63``; all data comes from one explicit
-CPU ``torch.Generator`` in a fixed order, so the bits do not depend on the device, the test order
-or the xdist worker.  Tensors are built on the CPU and then moved to ``device``.
+``torch.Generator`` in a fixed order, so the bits do not depend on the test order or the xdist worker.
+
+Small cases are built on the CPU (CPU generator) and moved to ``device``: their bits do not depend on
+the device either.  Cases of ``DEVICE_GENERATION_MIN`` elements or more that are built for a CUDA
+device are generated there, from a CUDA generator with the same seed (CPU generation of the nightly
+suite's 11G elements alone would take minutes): their bits are reproducible on any CUDA device, not
+equal to a CPU build of the same case.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from .amax import expert_amax
 from .case import Case
 from .distributions import TORCH_DTYPES, generate
 from .shapes import expert_shapes
+
+DEVICE_GENERATION_MIN = 1 << 26
+"""Cases this large (elements) built for CUDA are generated on the device (see the module docstring)."""
 
 DEFAULT_SEED = 1234
 """The global seed when none is given (CLI ``--seed``, pytest ``--parity-seed``)."""
@@ -54,14 +62,16 @@ class CaseInputs:
 def make_inputs(case: Case, global_seed: int = DEFAULT_SEED, device: str | torch.device = "cpu") -> CaseInputs:
     """Build the tensors of ``case`` (see the module docstring)."""
     seed = case_seed(case, global_seed)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = torch.device(device)
+    where = dev if dev.type == "cuda" and case.numel >= DEVICE_GENERATION_MIN else torch.device("cpu")
+    gen = torch.Generator(device=where).manual_seed(seed)
     dtype = TORCH_DTYPES[case.dtype]
     shapes = expert_shapes(case)
-    gen_out = generate(case, gen, shapes)
-    design = gen_out.design_amax or [None] * len(shapes)
-    amax = torch.stack([expert_amax(case, i, x, d) for i, (x, d) in enumerate(zip(gen_out.values, design))])
-    grads = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
-    dev = torch.device(device)
+    with torch.device(where):  # factory functions in the distributions follow the generator's device
+        gen_out = generate(case, gen, shapes)
+        design = gen_out.design_amax or [None] * len(shapes)
+        amax = torch.stack([expert_amax(case, i, x, d) for i, (x, d) in enumerate(zip(gen_out.values, design))])
+        grads = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
     if case.layout == "stacked":
         stacked = torch.stack([v.to(dtype) for v in gen_out.values]).to(dev)
         weights = list(stacked.unbind(0))
