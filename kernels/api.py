@@ -75,7 +75,7 @@ def fake_quant_experts(
     table = launch.expert_table(weights)
     flat, outs = launch.alloc_outputs(table, weights[0].dtype, device)
     if any(w.numel() for w in weights):
-        launch.fwd_list(table, weights[0], flat, a, spec, check=check_values)
+        launch.fwd_list(table, weights, flat, a, spec, check=check_values)
     return outs
 
 
@@ -131,5 +131,5 @@ def ste_backward_experts(
     table = launch.expert_table(weights, grads)
     flat, outs = launch.alloc_outputs(table, grads[0].dtype, grads[0].device)
     if any(w.numel() for w in weights):
-        launch.bwd_list(table, weights[0], grads[0], flat, a)
+        launch.bwd_list(table, weights, grads, flat, a)
     return outs

@@ -45,7 +45,7 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             table = table or launch.expert_table(weights)
             flat, outs = launch.alloc_outputs(table, weights[0].dtype, weights[0].device)
             if table.total:
-                launch.fwd_list(table, weights[0], flat, view, spec, check=False)
+                launch.fwd_list(table, weights, flat, view, spec, check=False)
             return tuple(outs)
         return tuple(_reference().fake_quant_experts(list(weights), amax, fmt, **options))
 
@@ -76,7 +76,7 @@ def _clipped_kernel(ws: list[torch.Tensor], gs: list[torch.Tensor], amax: torch.
     table = launch.expert_table(ws, gs)
     flat, outs = launch.alloc_outputs(table, gs[0].dtype, gs[0].device)
     if table.total:
-        launch.bwd_list(table, ws[0], gs[0], flat, view)
+        launch.bwd_list(table, ws, gs, flat, view)
     return outs
 
 

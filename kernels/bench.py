@@ -18,6 +18,9 @@ Numbers:
 * Eager baselines: median of 3 event-timed calls after a warm-up (each takes tens of ms);
   skipped (``null``) past ``--eager-max-gb``.
 * Only cases whose kernel output matched the reference bit for bit (experts 0 and N-1) are timed.
+* ``--sweep`` first times tile configurations at the production case and then uses the fastest
+  per kernel for the table (recorded under ``configs_used``); without it, the defaults of
+  ``kernels/launch.py``.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class KernelRunner:
         fns = []
         for (ws, amax), table, (flat, _) in zip(self.sets, self.tables, self.outs):
             view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
-            fns.append(lambda t=table, w=ws[0], f=flat, v=view: self.launch.fwd_list(t, w, f, v, spec, check=False, config=config))
+            fns.append(lambda t=table, w=ws, f=flat, v=view: self.launch.fwd_list(t, w, f, v, spec, check=False, config=config))
         return fns
 
     def bwd(self, grads: list[torch.Tensor], config=None) -> list[Callable[[], None]]:
@@ -120,7 +123,7 @@ class KernelRunner:
             table = self.launch.expert_table(ws, grads)
             flat, _ = self.launch.alloc_outputs(table, grads[0].dtype, grads[0].device)
             view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=False)
-            fns.append(lambda t=table, w=ws[0], f=flat, v=view: self.launch.bwd_list(t, w, grads[0], f, v, config=config))
+            fns.append(lambda t=table, w=ws, f=flat, v=view: self.launch.bwd_list(t, w, grads, f, v, config=config))
         return fns
 
 
@@ -152,7 +155,7 @@ def _api_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=5, rep=30, return_mode="median")
 
 
-def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args) -> CaseResult:
+def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None) -> CaseResult:
     import reference
 
     from . import api
@@ -163,13 +166,15 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
     sets = [make_experts(n, shape, seed=k) for k in range(_copies(fwd_bytes))]
     runner = KernelRunner(sets)
     ws, amax = sets[0]
+    configs = configs or {}
     for fmt in FORMATS:
-        runner.fwd(fmt)[0]()
+        cfg = configs.get("int8" if fmt.startswith("int") else fmt)
+        runner.fwd(fmt, cfg)[0]()
         res.correct[fmt] = _matches_reference(fmt, ws, amax, runner.outs[0][1])
         if res.correct[fmt]:
-            _record(res, fmt, _graph_ms(runner.fwd(fmt)), fwd_bytes, copy_gbps)
+            _record(res, fmt, _graph_ms(runner.fwd(fmt, cfg)), fwd_bytes, copy_gbps)
     grads = [torch.randn_like(w) for w in ws]
-    bwd_fns = runner.bwd(grads)
+    bwd_fns = runner.bwd(grads, configs.get("bwd_clipped"))
     res.correct["bwd_clipped"] = _bwd_matches(ws, amax, grads)
     if res.correct["bwd_clipped"]:
         _record(res, "bwd_clipped", _graph_ms(bwd_fns), bwd_bytes, copy_gbps)
@@ -226,30 +231,36 @@ def peak_extra_memory(n: int, shape: tuple[int, int]) -> dict[str, float]:
     return result
 
 
-def sweep(copy_gbps: float) -> list[dict]:
-    """Tile configurations at the Ultra production case (forward per format family, clipped bwd)."""
-    from .launch import KernelConfig
+SWEEP_TILES = ((4096, 4, 4), (8192, 8, 4), (8192, 8, 1), (16384, 8, 2))
+"""(elements per tile, warps, tiles per program) tried per kernel at the production case."""
 
-    name, n, shape = PRODUCTION
+
+def sweep(copy_gbps: float) -> tuple[list[dict], dict[str, object]]:
+    """Tile configurations at the Ultra production case; returns the rows and the fastest
+    ``KernelConfig`` per kernel (``int8`` stands for INT, ``bwd_clipped`` for the backward)."""
+    from .launch import BWD_CONFIG, FWD_CONFIG, KernelConfig
+    from .formats import FMT_FP8, FMT_INT, FMT_NVFP4
+
+    _, n, shape = PRODUCTION
     runner = KernelRunner([make_experts(n, shape, seed=0)])
-    ws = runner.sets[0][0]
-    grads = [torch.randn_like(w) for w in ws]
+    grads = [torch.randn_like(w) for w in runner.sets[0][0]]
     numel = n * shape[0] * shape[1]
-    rows = []
-    configs = [(4096, 4), (8192, 8), (16384, 8), (16384, 16)]
-    plan = [(b, w, k, True, True) for b, w in configs for k in ("int8", "fp8_e4m3", "nvfp4", "bwd_clipped")]
-    plan += [(8192, 8, k, False, k != "nvfp4") for k in ("int8", "fp8_e4m3", "nvfp4")]  # tl.math.div_rn scales
-    plan += [(4096, 8, "nvfp4", True, False), (4096, 8, "nvfp4", False, False)]
-    for block, warps, kind, int_div, int_recip in plan:
-        cfg = KernelConfig(block, warps, nvfp4_int_recip=int_recip, scalar_int_div=int_div)
+    defaults = {"int8": FWD_CONFIG[FMT_INT], "fp8_e4m3": FWD_CONFIG[FMT_FP8], "nvfp4": FWD_CONFIG[FMT_NVFP4], "bwd_clipped": BWD_CONFIG}
+    plan = [(kind, KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=defaults[kind].nvfp4_int_recip))
+            for b, w, t in SWEEP_TILES for kind in defaults]  # fmt: skip
+    plan += [("int8", KernelConfig(8192, 8, tiles_per_program=4, scalar_int_div=False)),
+             ("nvfp4", KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=True))]  # fmt: skip
+    rows, best = [], {}
+    for kind, cfg in plan:
         fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind, cfg)
         ms = _graph_ms(fns)
-        nbytes = (6 if kind == "bwd_clipped" else 4) * numel
-        rows.append({"kind": kind, "block": block, "warps": warps, "scalar_int_div": int_div, "nvfp4_int_recip": int_recip,
-                     "ms": ms, "pct_copy": 100 * nbytes / ms / 1e6 / copy_gbps})  # fmt: skip
-        print(f"  sweep {kind:12s} block={block:6d} warps={warps:2d} int_div={int_div:d} int_recip={int_recip:d}"
-              f"  {ms:7.3f} ms  {rows[-1]['pct_copy']:5.1f}%", flush=True)  # fmt: skip
-    return rows
+        pct = 100 * (6 if kind == "bwd_clipped" else 4) * numel / ms / 1e6 / copy_gbps
+        rows.append({"kind": kind, **asdict(cfg), "ms": ms, "pct_copy": pct})
+        if kind not in best or ms < best[kind][0]:
+            best[kind] = (ms, cfg)
+        print(f"  sweep {kind:12s} block={cfg.block:6d} warps={cfg.num_warps:2d} tpp={cfg.tiles_per_program} "
+              f"int_div={cfg.scalar_int_div:d} int_recip={cfg.nvfp4_int_recip:d}  {ms:7.3f} ms  {pct:5.1f}%", flush=True)  # fmt: skip
+    return rows, {k: v[1] for k, v in best.items()}
 
 
 def triton_copy_pct(copy_gbps: float) -> float:
@@ -264,10 +275,11 @@ def triton_copy_pct(copy_gbps: float) -> float:
     runner = KernelRunner([make_experts(n, shape, seed=0)])
     (ws, _), table, (flat, _) = runner.sets[0], runner.tables[0], runner.outs[0]
     cfg = FWD_CONFIG[FMT_FP8]
-    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=16)
-    grid = grid_for(table.shapes, tile)
-    xi, fi = ws[0].view(torch.int16), flat.view(torch.int16)
-    launch_copy = lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, ALIGNED=table.aligned, BR=tile.br, BC=tile.bc, num_warps=tile.num_warps)  # noqa: E731
+    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=16, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
+    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
+    xi, fi = ws[table.base].view(torch.int16), flat.view(torch.int16)
+    launch_copy = lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=cfg.tiles_per_program,  # noqa: E731
+                                                  num_warps=tile.num_warps)
     ms = _graph_ms([launch_copy])
     return 100 * 4 * n * shape[0] * shape[1] / ms / 1e6 / copy_gbps
 
@@ -280,15 +292,22 @@ def _cases(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
     ]
 
 
+TABLE_HEAD = f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd")) + "   xloop(int8/fp8/nvfp4/bwd)   fp8_ms  api_ms  stacked_fp8_ms"
+
+
+def table_row(r: CaseResult) -> str:
+    pcts = " ".join(f"{r.pct_copy.get(k, float('nan')):8.1f}%" for k in (*FORMATS, "bwd_clipped"))
+    sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in (*EAGER_FORMATS, "bwd_clipped"))
+    st = r.stacked_eager_ms.get("fp8_e4m3")
+    fp8 = r.kernel_ms.get("fp8_e4m3", float("nan"))
+    return f"{r.case:22s} {pcts}   {sp:>26s}   {fp8:6.3f}  {r.api_ms:6.3f}  {'-' if st is None else f'{st:.2f}'}"
+
+
 def print_table(results: list[CaseResult], copy_gbps: float) -> None:
     print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s (read + write); kernel % of it, speedup vs the per-expert eager loop")
-    head = f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd")) + "   xloop(int8/fp8/nvfp4/bwd)   api_ms  stacked_fp8_ms"
-    print(head)
+    print(TABLE_HEAD)
     for r in results:
-        pcts = " ".join(f"{r.pct_copy.get(k, float('nan')):8.1f}%" for k in (*FORMATS, "bwd_clipped"))
-        sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in (*EAGER_FORMATS, "bwd_clipped"))
-        st = r.stacked_eager_ms.get("fp8_e4m3")
-        print(f"{r.case:22s} {pcts}   {sp:>26s}   {r.api_ms:6.3f}  {st if st is None else f'{st:.2f}'}")
+        print(table_row(r))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,20 +328,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbps:.0f} GB/s", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
                     "copy_gbps": copy_gbps}  # fmt: skip
+    configs = None
     if args.sweep:
-        report["sweep"] = sweep(copy_gbps)
+        report["sweep"], configs = sweep(copy_gbps)
+        report["configs_used"] = {k: asdict(v) for k, v in configs.items()}
     report["triton_copy_pct"] = triton_copy_pct(copy_gbps)
     print(f"plain Triton copy, same tiling, production case: {report['triton_copy_pct']:.1f}% of copy bandwidth", flush=True)
     results = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(TABLE_HEAD, flush=True)
     for name, n, shape in [] if args.no_cases else _cases(args.quick):
-        results.append(bench_case(name, n, shape, copy_gbps, args))
-        r = results[-1]
-        print(f"  {name:22s} fp8 {r.pct_copy.get('fp8_e4m3', float('nan')):5.1f}%  ({time.time() - t0:.0f}s)", flush=True)
+        results.append(bench_case(name, n, shape, copy_gbps, args, configs))
+        print(table_row(results[-1]) + f"  ({time.time() - t0:.0f}s)", flush=True)
+        report["cases"] = [asdict(r) for r in results]
+        (args.out / "bench.json").write_text(json.dumps(report, indent=1))  # partial results survive a timeout
         torch.cuda.empty_cache()
-    report["cases"] = [asdict(r) for r in results]
     report["peak_memory_production"] = None if args.no_cases else peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
     report["seconds"] = time.time() - t0
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     print_table(results, copy_gbps)
     print(f"peak extra memory at {PRODUCTION[0]}: {report['peak_memory_production']}  (outputs {PRODUCTION[1]}x{PRODUCTION[2]} bf16)")

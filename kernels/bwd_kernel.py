@@ -11,16 +11,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import expert_base, expert_out_base, program_tile, tile_2d
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_count
 from .tl_rounding import bits_to_f32
 
 
 @triton.jit
 def clipped_bwd_kernel(
-    x_ptr,  # stacked: weight bits [N, rows, cols]; list: placeholder of the weight bits dtype
-    g_ptr,  # stacked: grad bits; list: placeholder of the grad bits dtype
-    o_ptr,  # output grad bits: stacked [N, rows, cols]; list: one buffer, expert e at meta[1, e]
-    meta_ptr,  # list: int64 [5, N] (see tiles.expert_geometry)
+    x_ptr,  # weight bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
+    g_ptr,  # gradient bits: stacked; list: base, expert e at g_ptr + meta[4, e]
+    o_ptr,  # output gradient bits: stacked; list: one buffer, expert e at o_ptr + meta[1, e]
+    meta_ptr,  # list: int64 [5, N] (see kernels/tiles.py)
     amax_ptr,
     amax_se,
     amax_sr,
@@ -30,22 +30,30 @@ def clipped_bwd_kernel(
     IO: tl.constexpr,
     LIST: tl.constexpr,
     PER_CHANNEL: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    XVEC: tl.constexpr,
+    GVEC: tl.constexpr,
+    CVEC: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
+    TPP: tl.constexpr,
 ):
-    """Zero the gradient of tile ``program_id(0)`` of expert ``program_id(1)`` where ``|x| > amax``."""
-    e, rows, cols, r0, c0, valid = program_tile(meta_ptr, n_experts, rows_u, cols_u, LIST, ALIGNED, BR, BC)
-    if valid:
-        xb = expert_base(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, ALIGNED)
-        ob = expert_out_base(o_ptr, meta_ptr, n_experts, e, rows, cols, LIST, ALIGNED)
-        gb = expert_base(g_ptr, meta_ptr, 4, n_experts, e, rows, cols, LIST, ALIGNED)
-        tile0, offs, rl, rmask, mask = tile_2d(r0, c0, rows, cols, BR, BC)
-        if PER_CHANNEL:
-            a = tl.load(amax_ptr + e * amax_se + (r0 + rl) * amax_sr, mask=rmask, other=0.0)
-        else:
+    """Zero the gradient of tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)`` where ``|x| > amax``."""
+    p = tl.program_id(0)
+    e = tl.program_id(1)
+    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, CVEC)
+    n_tc, n_t = tile_count(rows, cols, BR, BC)
+    if p * TPP < n_t:
+        xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, XVEC)
+        ob = expert_ptr(o_ptr, meta_ptr, 1, n_experts, e, rows, cols, LIST, GVEC)
+        gb = expert_ptr(g_ptr, meta_ptr, 4, n_experts, e, rows, cols, LIST, GVEC)
+        if not PER_CHANNEL:
             a = tl.load(amax_ptr + e * amax_se)
-        x = bits_to_f32(tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first"), IO)
-        g = tl.load(gb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-        keep = tl.abs(x) <= a
-        tl.store(ob + tile0 + offs, tl.where(keep, g, tl.zeros_like(g)), mask=mask)
+        for k in range(TPP):
+            t = p * TPP + k
+            if t < n_t:
+                tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
+                if PER_CHANNEL:
+                    a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=0.0)
+                x = bits_to_f32(tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first"), IO)
+                g = tl.load(gb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                tl.store(ob + tile0 + offs, tl.where(tl.abs(x) <= a, g, tl.zeros_like(g)), mask=mask)

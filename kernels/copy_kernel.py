@@ -10,15 +10,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import expert_base, expert_out_base, program_tile, tile_2d
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_count
 
 
 @triton.jit
-def tiled_copy_kernel(x_ptr, y_ptr, meta_ptr, n_experts, ALIGNED: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    e, rows, cols, r0, c0, valid = program_tile(meta_ptr, n_experts, 0, 0, True, ALIGNED, BR, BC)
-    if valid:
-        xb = expert_base(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, True, ALIGNED)
-        yb = expert_out_base(y_ptr, meta_ptr, n_experts, e, rows, cols, True, ALIGNED)
-        tile0, offs, rl, rmask, mask = tile_2d(r0, c0, rows, cols, BR, BC)
-        bits = tl.load(xb + tile0 + offs, mask=mask, eviction_policy="evict_first")
-        tl.store(yb + tile0 + offs, bits, mask=mask)
+def tiled_copy_kernel(x_ptr, y_ptr, meta_ptr, n_experts, VEC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, TPP: tl.constexpr):
+    p = tl.program_id(0)
+    e = tl.program_id(1)
+    rows, cols = expert_geometry(meta_ptr, n_experts, 0, 0, e, True, VEC)
+    n_tc, n_t = tile_count(rows, cols, BR, BC)
+    xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, True, VEC)
+    yb = expert_ptr(y_ptr, meta_ptr, 1, n_experts, e, rows, cols, True, VEC)
+    for k in range(TPP):
+        t = p * TPP + k
+        if t < n_t:
+            tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
+            tl.store(yb + tile0 + offs, tl.load(xb + tile0 + offs, mask=mask, eviction_policy="evict_first"), mask=mask)

@@ -2,16 +2,20 @@
 
 Per format the fp32 op sequence is the reference default variant's (see the module docstrings of
 ``reference/int_quant.py`` ("cuda"), ``reference/fp8_e4m3.py`` ("cuda"), ``reference/nvfp4.py``
-("te")); scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
-``tl.math.div_rn`` where operands and quotient are provably normal), element rounding uses
-``tl_rounding``.  Per-expert scalars are recomputed by each program (a few dozen
-instructions): that keeps the whole operation in one launch.
+("te")).  Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
+``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
+``tl_rounding``.  Per-expert scales are computed once per program, which then loops over ``TPP``
+tiles of its expert.
+
+Every format's output has the sign of its input (the scales are positive and every rounding step
+keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is
+OR-ed into the output bits; the exceptions are per-expert constants: INT with amax < 2**-24 writes
++0 for every element (its sign mask and NaN pattern are 0) and NaN input writes the canonical NaN.
 
 Check flags (``CHECK``): ``flag[0]`` <- 1 if unsigned INT sees a negative input; ``flag[1]`` <- 1
 if NVFP4 sees a NaN input.  The host raises ``ValueError`` for them (and for bad amax values, which
-it checks itself), as the reference does.  With checks off the defined results are:
-unsigned negative input -> quantized with ``lo = 0``; NVFP4 block holding a NaN -> the whole block
-is the canonical NaN.
+it checks itself), as the reference does.  With checks off the defined results are: unsigned
+negative input -> -0; NVFP4 block holding a NaN -> every element of the block is the canonical NaN.
 """
 
 from __future__ import annotations
@@ -19,24 +23,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .formats import E4M3_MAX, FMT_FP8, FMT_INT, FMT_NVFP4, FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
-from .tiles import expert_base, expert_out_base, program_tile, tile_2d
+from .formats import E4M3_MAX, FMT_INT, FMT_NVFP4, FP32_MAX, IO_FP32, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_count
 from .tl_rounding import (
     bits_to_f32,
     div_rn_normal,
     div_rn_pos,
     f32_to_bits,
+    inf_bits,
     int_dequant_magnitude,
+    magnitude_bits,
+    magnitude_bits_to_f32,
     rne_integer_magnitude,
-    round_to_e2m1,
-    round_to_e4m3,
-    sign_bits,
-    with_sign,
+    round_mag_e2m1,
+    round_mag_e4m3,
 )
 
 _FMT_INT = tl.constexpr(FMT_INT)
-_FMT_FP8 = tl.constexpr(FMT_FP8)
 _FMT_NVFP4 = tl.constexpr(FMT_NVFP4)
+_IO_FP32 = tl.constexpr(IO_FP32)
 _TINY = tl.constexpr(TINY_AMAX)
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
@@ -52,75 +57,85 @@ def _flag_if(flag_ptr, slot, bad):
 
 
 @triton.jit
-def _int_tile(x, a, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
-    """INT "cuda": s = RN(qmax/amax); q = clamp(rint(RN(x*s)), lo, qmax); y = RN(q/s); amax < 2**-24 -> +0.
-
-    ``q/s`` is evaluated as ``RN(|q| / (256 s)) * 256`` with the sign put back: the quotient by
-    ``s2 = 256 s`` is exact in the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)``
-    finite for every finite amax; multiplying by 256 overflows exactly when ``RN(q/s)`` does.
-    """
+def _int_scales(a, QMAX: tl.constexpr, INT_DIV: tl.constexpr):
+    """INT "cuda" scales: ``s = RN(qmax/amax)``, ``s2 = 256 s``, ``r2 = RN(1/s2)``; ``zero`` where
+    amax < 2**-24 (the output is +0: ``r2 = 0`` makes every dequantized magnitude 0)."""
     zero = a < _TINY
     a1 = tl.where(zero, 1.0, a)
     s = div_rn_normal(tl.zeros_like(a1) + QMAX, a1, INT_DIV)  # a1 in [2**-24, FP32_MAX]: s normal
     s2 = s * 256.0
     r2 = div_rn_normal(tl.zeros_like(s2) + 1.0, s2, INT_DIV)
-    v = x * s
-    w = tl.minimum(tl.maximum(v, LO), QMAX)  # NaN: overwritten by the caller's NaN mask
-    m = rne_integer_magnitude(w)
-    y = int_dequant_magnitude(m, s2, r2, EXACT_FMA) * 256.0
-    y = with_sign(y, sign_bits(w))
-    return tl.where(zero, 0.0, y), zero
+    return s, s2, tl.where(zero, 0.0, r2), zero
 
 
 @triton.jit
-def _fp8_tile(x, a, INT_DIV: tl.constexpr):
-    """FP8 "cuda": a = 1 if amax <= 2**-24; s = RN(448/a); inv = RN(1/s); y = RN(e4m3(RN(x*s)) * inv)."""
+def _int_magnitude(x, s, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
+    """``|RN(q/s)|`` with ``q = clamp(rint(RN(x*s)), lo, qmax)``.
+
+    ``q/s`` is evaluated as ``RN(|q| / (256 s)) * 256``: the quotient by ``s2 = 256 s`` is exact in
+    the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)`` finite for every finite amax;
+    multiplying by 256 overflows exactly when ``RN(q/s)`` does.
+    """
+    w = tl.minimum(tl.maximum(x * s, LO), QMAX)  # NaN: the caller writes the NaN pattern
+    return int_dequant_magnitude(rne_integer_magnitude(w), s2, r2, EXACT_FMA) * 256.0
+
+
+@triton.jit
+def _fp8_scales(a, INT_DIV: tl.constexpr):
+    """FP8 "cuda": ``a = 1`` if amax <= 2**-24; ``s = RN(448/a)``; ``inv = RN(1/s)``."""
     a1 = tl.where(a <= _TINY, 1.0, a)
     s = div_rn_normal(tl.zeros_like(a1) + _E4M3_MAX, a1, INT_DIV)  # a1 in (2**-24, FP32_MAX]
-    inv = div_rn_normal(tl.zeros_like(s) + 1.0, s, INT_DIV)
-    v = x * s
-    c = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
-    return round_to_e4m3(c) * inv
+    return s, div_rn_normal(tl.zeros_like(s) + 1.0, s, INT_DIV)
 
 
 @triton.jit
-def _nvfp4_tile(x, g, BLOCK_RECIP_INT: tl.constexpr, INT_DIV: tl.constexpr):
-    """NVFP4 "te" on a ``[BR, NB, 16]`` tile (zero-padded short blocks): see ``reference/nvfp4.py``.
+def _fp8_magnitude(x, s, inv):
+    """``|RN(e4m3(RN(x*s)) * inv)|`` (e4m3 saturating at 448)."""
+    return round_mag_e4m3(tl.minimum(tl.abs(x) * s, _E4M3_MAX)) * inv
 
-    1. ge = min(RN(2688/g), FP32_MAX), 1 if 0   2. gd = RN(1/ge)   3. mult = RN(ge * RN(1/6))
-    4. vmax = max|x| per block   5. ds8 = e4m3(RN(vmax*mult))   6. es = min(RN(1/RN(ds8*gd)), FP32_MAX)
-    7. v = RN(x*es)   8. q = e2m1(v)   9. y = RN(RN(q*ds8)*gd)
-    """
+
+@triton.jit
+def _nvfp4_scales(g, INT_DIV: tl.constexpr):
+    """NVFP4 "te" steps 1-3: ``ge = min(RN(2688/g), FP32_MAX)`` (1 if 0), ``gd = RN(1/ge)``,
+    ``mult = RN(ge * RN(1/6))``."""
     ge = div_rn_normal(tl.zeros_like(g) + _GSCALE, g, INT_DIV)  # g = 0 or subnormal: +inf either way
     ge = tl.where(ge > _FMAX, _FMAX, ge)
     ge = tl.where(ge == 0.0, 1.0, ge)
     gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)  # subnormal when ge > 2**126: integer division
-    mult = ge * _SIXTH
-    vmax = tl.max(tl.abs(x), axis=2, keep_dims=True)
-    p = vmax * mult
-    ds8 = round_to_e4m3(tl.where(p > _E4M3_MAX, _E4M3_MAX, p))
-    d = ds8 * gd
+    return gd, ge * _SIXTH
+
+
+@triton.jit
+def _recip(d, BLOCK_RECIP_INT: tl.constexpr):
+    """``RN(1/d)`` for ``d >= 0``: integer division, or ``tl.math.div_rn`` on ``d`` normalised
+    exactly from its bits when subnormal (``1/d = RN(1/(d*2**24)) * 2**24``) so that a flush-to-zero
+    division never sees a subnormal operand."""
     if BLOCK_RECIP_INT:
-        inv_d = div_rn_pos(tl.zeros_like(d) + 1.0, d)
+        return div_rn_pos(tl.zeros_like(d) + 1.0, d)
     else:
-        # d subnormal: 1/d = RN(1/(d*2**24)) * 2**24 with d*2**24 built exactly from the bits
-        # (bits * 2**-125), so a flush-to-zero division never sees a subnormal operand.
         db = d.to(tl.int32, bitcast=True)
         tiny = db < 0x00800000
-        dn = tl.where(tiny, db.to(tl.float32) * 2.350988701644575e-38, d)  # 2**-125
-        inv_d = tl.math.div_rn(tl.zeros_like(dn) + 1.0, dn)
-        inv_d = tl.where(tiny, inv_d * 16777216.0, inv_d)  # 2**24
-    es = tl.where(inv_d > _FMAX, _FMAX, inv_d)
-    v = x * es
-    q = round_to_e2m1(tl.minimum(tl.maximum(v, -6.0), 6.0))
+        dn = tl.where(tiny, db.to(tl.float32) * 2.350988701644575e-38, d)  # bits * 2**-125
+        inv = tl.math.div_rn(tl.zeros_like(dn) + 1.0, dn)
+        return tl.where(tiny, inv * 16777216.0, inv)  # * 2**24
+
+
+@triton.jit
+def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
+    """NVFP4 "te" steps 5-9 on a ``[BR, NB, 16]`` tile (zero-padded short blocks), as magnitudes,
+    given the block max ``vmax`` ``[BR, NB, 1]``: ds8 = e4m3(RN(vmax*mult));
+    es = min(RN(1/RN(ds8*gd)), FP32_MAX); q = e2m1(min(RN(|x|*es), 6)); y = RN(RN(q*ds8)*gd)."""
+    ds8 = round_mag_e4m3(tl.minimum(vmax * mult, _E4M3_MAX))
+    es = tl.minimum(_recip(ds8 * gd, BLOCK_RECIP_INT), _FMAX)
+    q = round_mag_e2m1(tl.minimum(tl.abs(x) * es, 6.0))
     return (q * ds8) * gd
 
 
 @triton.jit
 def fake_quant_fwd_kernel(
-    x_ptr,  # stacked: input bits [N, rows, cols]; list: placeholder of the bits dtype
-    y_ptr,  # output bits: stacked [N, rows, cols]; list: one buffer, expert e at meta[1, e]
-    meta_ptr,  # list: int64 [5, N] (see tiles.expert_geometry)
+    x_ptr,  # input bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
+    y_ptr,  # output bits: stacked [N, rows, cols]; list: one buffer, expert e at y_ptr + meta[1, e]
+    meta_ptr,  # list: int64 [5, N] (see kernels/tiles.py)
     amax_ptr,  # fp32; element (e, r) at e*amax_se + r*amax_sr
     amax_se,
     amax_sr,
@@ -136,49 +151,66 @@ def fake_quant_fwd_kernel(
     PER_CHANNEL: tl.constexpr,
     CHECK: tl.constexpr,
     UNSIGNED: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    VEC: tl.constexpr,
     EXACT_FMA: tl.constexpr,
     BLOCK_RECIP_INT: tl.constexpr,
     INT_DIV: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
+    TPP: tl.constexpr,
 ):
-    """Fake-quantize tile ``program_id(0)`` of expert ``program_id(1)``; see the module docstring."""
-    e, rows, cols, r0, c0, valid = program_tile(meta_ptr, n_experts, rows_u, cols_u, LIST, ALIGNED, BR, BC)
-    if valid:
-        xb = expert_base(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, ALIGNED)
-        yb = expert_out_base(y_ptr, meta_ptr, n_experts, e, rows, cols, LIST, ALIGNED)
-        if FMT == _FMT_NVFP4:
-            NB: tl.constexpr = BC // _NVB
-            rl = tl.arange(0, BR)[:, None, None]
-            cl = tl.arange(0, NB)[None, :, None] * _NVB + tl.arange(0, _NVB)[None, None, :]
-            tile0 = r0.to(tl.int64) * cols + c0
-            offs = rl * cols + cl
-            mask = ((r0 + rl) < rows) & ((c0 + cl) < cols)
-            g = tl.load(amax_ptr + e * amax_se)
-            bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-            x = bits_to_f32(bits, IO)
-            y = _nvfp4_tile(x, g, BLOCK_RECIP_INT, INT_DIV)
-            nan = x != x
-            block_nan = tl.max(nan.to(tl.int32), axis=2, keep_dims=True) > 0
-            out = f32_to_bits(y, nan | block_nan, IO)
-            if CHECK:
-                _flag_if(flag_ptr, 1, nan & mask)
+    """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
+    p = tl.program_id(0)
+    e = tl.program_id(1)
+    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC)
+    n_tc, n_t = tile_count(rows, cols, BR, BC)
+    if p * TPP < n_t:
+        xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, VEC)
+        yb = expert_ptr(y_ptr, meta_ptr, 1, n_experts, e, rows, cols, LIST, VEC)
+        if IO == _IO_FP32:
+            sign_all = tl.full([], -2147483648, tl.int32)
+            nan_all = tl.full([], 0x7FFFFFFF, tl.int32)
         else:
-            tile0, offs, rl, rmask, mask = tile_2d(r0, c0, rows, cols, BR, BC)
-            if PER_CHANNEL:
-                a = tl.load(amax_ptr + e * amax_se + (r0 + rl) * amax_sr, mask=rmask, other=1.0)
-            else:
-                a = tl.load(amax_ptr + e * amax_se)
-            bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-            x = bits_to_f32(bits, IO)
-            nan = x != x
-            if FMT == _FMT_INT:
-                y, zero = _int_tile(x, a, LO, QMAX, EXACT_FMA, INT_DIV)
-                nan = nan & (zero == 0)
-            else:
-                y = _fp8_tile(x, a, INT_DIV)
-            out = f32_to_bits(y, nan, IO)
-            if CHECK and UNSIGNED:
-                _flag_if(flag_ptr, 0, (x < 0.0) & mask)
-        tl.store(yb + tile0 + offs, out, mask=mask)
+            sign_all = tl.full([], -32768, tl.int16)
+            nan_all = tl.full([], 0x7FFF, tl.int16)
+        if FMT == _FMT_NVFP4:
+            gd, mult = _nvfp4_scales(tl.load(amax_ptr + e * amax_se), INT_DIV)
+        elif FMT == _FMT_INT:
+            if not PER_CHANNEL:
+                s, s2, r2, zero = _int_scales(tl.load(amax_ptr + e * amax_se), QMAX, INT_DIV)
+        else:
+            if not PER_CHANNEL:
+                s, inv = _fp8_scales(tl.load(amax_ptr + e * amax_se), INT_DIV)
+        for k in range(TPP):
+            t = p * TPP + k
+            if t < n_t:
+                if FMT == _FMT_NVFP4:
+                    tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, _NVB)
+                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)  # step 4, exact
+                    block_nan = bmax > inf_bits(IO)
+                    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
+                    out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO)
+                    if CHECK:
+                        _flag_if(flag_ptr, 1, block_nan)
+                else:
+                    tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
+                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    x = bits_to_f32(bits, IO)
+                    if FMT == _FMT_INT:
+                        if PER_CHANNEL:
+                            a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
+                            s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
+                        y = _int_magnitude(x, s, s2, r2, LO, QMAX, EXACT_FMA)
+                        smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
+                        nanb = tl.where(zero, tl.zeros_like(nan_all), nan_all)
+                        out = f32_to_bits(y, bits & smask, x != x, nanb, IO)
+                        if CHECK and UNSIGNED:
+                            _flag_if(flag_ptr, 0, (x < 0.0) & mask)
+                    else:
+                        if PER_CHANNEL:
+                            a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
+                            s, inv = _fp8_scales(a, INT_DIV)
+                        y = _fp8_magnitude(x, s, inv)
+                        out = f32_to_bits(y, bits & sign_all, x != x, nan_all, IO)
+                tl.store(yb + tile0 + offs, out, mask=mask)

@@ -105,8 +105,8 @@ def choose_tile(
     return TileShape(_pow2_at_most(br), bc, num_warps)
 
 
-def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape) -> tuple[int, int]:
-    """``(max tiles per expert, N)``; raises ``ValueError`` past the CUDA grid limits."""
+def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape, tiles_per_program: int = 1) -> tuple[int, int]:
+    """``(cdiv(max tiles per expert, tiles_per_program), N)``; ``ValueError`` past the CUDA grid limits."""
     n = len(shapes)
     if n > MAX_EXPERTS:
         raise ValueError(f"at most {MAX_EXPERTS} experts per launch, got {n}")
@@ -115,4 +115,4 @@ def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape) -> tuple[int, i
     tiles = max((-(-r // tile.br)) * (-(-c // tile.bc)) for r, c in shapes)
     if tiles > _INT32_MAX:
         raise ValueError(f"an expert needs {tiles} tiles of {tile.br}x{tile.bc}; the grid allows {_INT32_MAX}")
-    return max(tiles, 1), n
+    return max(-(-tiles // tiles_per_program), 1), n

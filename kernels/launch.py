@@ -41,14 +41,16 @@ class KernelConfig:
     """NVFP4 block reciprocal ``RN(1/d)``: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
     scalar_int_div: bool = True
     """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
+    tiles_per_program: int = 1
+    """Tiles each program loops over (per-expert scales computed once per program)."""
 
 
 FWD_CONFIG: dict[int, KernelConfig] = {
-    FMT_INT: KernelConfig(8192, 8),
-    FMT_FP8: KernelConfig(8192, 8),
-    FMT_NVFP4: KernelConfig(4096, 8),
+    FMT_INT: KernelConfig(8192, 8, tiles_per_program=4),
+    FMT_FP8: KernelConfig(8192, 8, tiles_per_program=4),
+    FMT_NVFP4: KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=False),
 }
-BWD_CONFIG = KernelConfig(8192, 8)
+BWD_CONFIG = KernelConfig(8192, 8, tiles_per_program=4)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
 """Under the interpreter both division paths are numpy's IEEE division or exact integer code."""
 
@@ -80,18 +82,32 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(BITS_DTYPE[t.dtype])
 
 
-def _aligned(ptrs: Sequence[int], shapes: Sequence[tuple[int, int]]) -> bool:
-    return all(p % 16 == 0 and c % 8 == 0 for p, (r, c) in zip(ptrs, shapes) if r and c)
+def _vec(tensors: Sequence[torch.Tensor], shapes: Sequence[tuple[int, int]]) -> int:
+    """Elements per 16 bytes when every non-empty expert starts 16-byte aligned and its row length is
+    a multiple of that (the kernel may then use 16-byte vector accesses), else 1."""
+    vec = 16 // tensors[0].element_size()
+    ok = all(t.data_ptr() % 16 == 0 and c % vec == 0 for t, (r, c) in zip(tensors, shapes) if r and c)
+    return vec if ok else 1
+
+
+def _base_offsets(tensors: Sequence[torch.Tensor], base: torch.Tensor) -> list[int]:
+    """Element offsets of each tensor's data from ``base``'s (same dtype: exact division)."""
+    esize, b = base.element_size(), base.data_ptr()
+    offs = [(t.data_ptr() - b) // esize for t in tensors]
+    assert all((t.data_ptr() - b) % esize == 0 for t in tensors), "expert data not aligned to its dtype"
+    return offs
 
 
 @dataclass(frozen=True)
 class ExpertTable:
-    """What a list-layout launch needs that depends only on input addresses and shapes.
+    """What a list-layout launch needs that depends only on the experts' addresses and shapes.
 
-    ``meta`` (int64 ``[5, N]`` on the device): input address, output offset (elements, from the
-    output base), rows, cols, gradient address.  Output offsets follow from the shapes alone, so the
-    table stays valid for any output buffer from ``alloc_outputs`` and the module adapter can keep
-    it while the weights stay where they are.
+    ``meta`` (int64 ``[5, N]`` on the device): input offset (elements from ``xs[base]``), output
+    offset (from the output buffer), rows, cols, gradient offset (from ``grads[base]``).  Output
+    offsets follow from the shapes alone, so the table stays valid for any output buffer from
+    ``alloc_outputs`` and the module adapter can keep it while the weights stay where they are.
+    ``base``: the first non-empty expert (an empty tensor's address may be 0); ``xvec``/``gvec``:
+    elements per 16-byte vector the kernel may assume (1: no alignment assumed).
     """
 
     meta: torch.Tensor
@@ -99,7 +115,9 @@ class ExpertTable:
     out_shapes: tuple[torch.Size, ...]
     offsets: tuple[int, ...]
     total: int
-    aligned: bool
+    base: int
+    xvec: int
+    gvec: int
     key: tuple
 
 
@@ -118,15 +136,16 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
     for r, c in shapes:
         offsets.append(total)
         total += -(-(r * c) // _PAD_ELEMS) * _PAD_ELEMS
-    xp = [w.data_ptr() for w in xs]
-    gp = [g.data_ptr() for g in grads] if grads is not None else [0] * len(xs)
-    rows = [r for r, _ in shapes]
-    cols = [c for _, c in shapes]
+    base = next((i for i, (r, c) in enumerate(shapes) if r and c), 0)
+    xo = _base_offsets(xs, xs[base])
+    go = _base_offsets(grads, grads[base]) if grads is not None else [0] * len(xs)
     device = xs[0].device
-    meta = torch.tensor([xp, offsets, rows, cols, gp], dtype=torch.int64, pin_memory=device.type == "cuda")
+    meta = torch.tensor([xo, offsets, [r for r, _ in shapes], [c for _, c in shapes], go], dtype=torch.int64,
+                        pin_memory=device.type == "cuda")  # fmt: skip
     meta = meta.to(device, non_blocking=True)
-    aligned = _aligned(xp, shapes) and (grads is None or _aligned(gp, shapes))
-    return ExpertTable(meta, shapes, tuple(w.shape for w in xs), tuple(offsets), total, aligned, table_key(xs, grads))
+    xvec = _vec(xs, shapes)
+    gvec = _vec(grads, shapes) if grads is not None else xvec
+    return ExpertTable(meta, shapes, tuple(w.shape for w in xs), tuple(offsets), total, base, xvec, gvec, table_key(xs, grads))
 
 
 def alloc_outputs(table: ExpertTable, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -181,13 +200,26 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, a
     )
 
 
-def _launch_opts(tile: TileShape) -> dict:
-    return dict(BR=tile.br, BC=tile.bc, num_warps=tile.num_warps, enable_fp_fusion=False)
+def _launch_opts(tile: TileShape, cfg: KernelConfig) -> dict:
+    return dict(BR=tile.br, BC=tile.bc, TPP=cfg.tiles_per_program, num_warps=tile.num_warps, enable_fp_fusion=False)
+
+
+def _stacked_shapes(x: torch.Tensor) -> list[tuple[int, int]]:
+    """``x`` (``[..., rows, cols]``, or 1-D) as ``N`` experts of ``(rows, cols)``."""
+    cols = int(x.shape[-1])
+    rows = int(x.shape[-2]) if x.dim() >= 2 else 1
+    n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
+    return [(rows, cols)] * n
+
+
+def _stacked_vec(x: torch.Tensor, cols: int) -> int:
+    vec = 16 // x.element_size()
+    return vec if cols % vec == 0 else 1
 
 
 def fwd_list(
     table: ExpertTable,
-    x0: torch.Tensor,
+    xs: Sequence[torch.Tensor],
     out_flat: torch.Tensor,
     amax: AmaxView,
     spec: QuantSpec,
@@ -195,20 +227,18 @@ def fwd_list(
     check: bool,
     config: KernelConfig | None = None,
 ) -> None:
-    """Fake-quantize the experts of ``table`` into ``out_flat`` (from ``alloc_outputs``) in one launch.
-
-    ``x0`` is any one of the experts (it gives dtype and device; its address is not used).
-    """
+    """Fake-quantize the experts ``xs`` of ``table`` into ``out_flat`` (from ``alloc_outputs``), one launch."""
     from .fwd_kernel import fake_quant_fwd_kernel
 
+    x0 = xs[table.base]
     cfg = _config(x0.device, config, FWD_CONFIG[spec.code])
     tile = _tile(table.shapes, cfg)
-    grid = grid_for(table.shapes, tile)
+    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
     flags = _flags(x0.device, check)
     with _quiet(x0.device):
         fake_quant_fwd_kernel[grid](
             _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
-            LIST=True, ALIGNED=table.aligned, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile),
+            LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile, cfg),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
@@ -220,18 +250,16 @@ def fwd_stacked(
     """Fake-quantize contiguous ``x`` viewed as ``[N, rows, cols]`` into ``out`` in one launch."""
     from .fwd_kernel import fake_quant_fwd_kernel
 
-    cols = int(x.shape[-1])
-    n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
-    rows = int(x.shape[-2]) if x.dim() >= 2 else 1
-    shapes = [(rows, cols)] * n
+    shapes = _stacked_shapes(x)
+    (rows, cols), n = shapes[0], len(shapes)
     cfg = _config(x.device, config, FWD_CONFIG[spec.code])
     tile = _tile(shapes, cfg)
-    grid = grid_for(shapes, tile)
+    grid = grid_for(shapes, tile, cfg.tiles_per_program)
     flags = _flags(x.device, check)
     with _quiet(x.device):
         fake_quant_fwd_kernel[grid](
             _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
-            LIST=False, ALIGNED=cols % 8 == 0, **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile),
+            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile, cfg),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
@@ -239,22 +267,26 @@ def fwd_stacked(
 
 def bwd_list(
     table: ExpertTable,
-    x0: torch.Tensor,
-    g0: torch.Tensor,
+    xs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
     out_flat: torch.Tensor,
     amax: AmaxView,
     *,
     config: KernelConfig | None = None,
 ) -> None:
-    """Clipped STE backward for the experts of ``table`` (built with gradients), one launch."""
+    """Clipped STE backward for the experts of ``table`` (built with ``grads``), one launch."""
     from .bwd_kernel import clipped_bwd_kernel
 
-    tile = _tile(table.shapes, _config(x0.device, config, BWD_CONFIG))
-    grid = grid_for(table.shapes, tile)
+    x0, g0 = xs[table.base], grads[table.base]
+    cfg = _config(x0.device, config, BWD_CONFIG)
+    tile = _tile(table.shapes, cfg)
+    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
+    cvec = max(table.xvec, table.gvec) if min(table.xvec, table.gvec) > 1 else 1
     with _quiet(x0.device):
         clipped_bwd_kernel[grid](
             _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
-            IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, ALIGNED=table.aligned, **_launch_opts(tile),
+            IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec,
+            **_launch_opts(tile, cfg),
         )  # fmt: skip
 
 
@@ -264,14 +296,15 @@ def bwd_stacked(
     """Clipped STE backward for one contiguous tensor viewed as ``[N, rows, cols]``."""
     from .bwd_kernel import clipped_bwd_kernel
 
-    cols = int(x.shape[-1])
-    n = int(torch.Size(x.shape[:-2]).numel()) if x.dim() >= 2 else 1
-    rows = int(x.shape[-2]) if x.dim() >= 2 else 1
-    shapes = [(rows, cols)] * n
-    tile = _tile(shapes, _config(x.device, config, BWD_CONFIG))
-    grid = grid_for(shapes, tile)
+    shapes = _stacked_shapes(x)
+    (rows, cols), n = shapes[0], len(shapes)
+    cfg = _config(x.device, config, BWD_CONFIG)
+    tile = _tile(shapes, cfg)
+    grid = grid_for(shapes, tile, cfg.tiles_per_program)
+    xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
     with _quiet(x.device):
         clipped_bwd_kernel[grid](
             _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
-            IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, ALIGNED=cols % 8 == 0, **_launch_opts(tile),
+            IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
+            CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile, cfg),
         )  # fmt: skip

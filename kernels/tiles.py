@@ -1,11 +1,17 @@
-"""Where each program's tile lies: expert base addresses, shape, and the 2-D tile of the expert.
+"""Where each program's tiles lie: expert base addresses, shape, and the 2-D tiles of the expert.
 
-Shared by the forward and the backward kernel.  Grid: ``(max tiles per expert, N)``; program
-``(t, e)`` handles tile ``t`` of expert ``e`` (tiles beyond an expert's own count return at once,
-so ragged experts and empty experts need no host-side tile table).  Each expert is a row-major
+Shared by the forward and the backward kernel.  Grid: ``(cdiv(max tiles per expert, TPP), N)``;
+program ``(p, e)`` handles tiles ``p*TPP .. p*TPP+TPP-1`` of expert ``e`` (tiles beyond the
+expert's own count are skipped, so ragged and empty experts need no host-side tile table, and the
+per-expert scale arithmetic is paid once per ``TPP`` tiles).  Each expert is a row-major
 ``[rows, cols]`` matrix; a tile is ``[BR, BC]`` (rows x cols).  Offsets inside an expert are int64
 (an expert may hold more than 2**31 elements); offsets inside a tile are int32 (the host checks
 ``BR * cols < 2**31``).
+
+The list-layout table is ``meta[5, N]`` (int64): 0 input offset, 1 output offset, 2 rows, 3 cols,
+4 gradient offset (backward only).  Offsets count elements from the kernel's base pointer
+arguments (a pointer argument carries Triton's 16-byte alignment facts, which an address turned
+into a pointer in the kernel would not: the loads would not be vectorized).
 """
 
 from __future__ import annotations
@@ -15,76 +21,59 @@ import triton.language as tl
 
 
 @triton.jit
-def expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST: tl.constexpr, ALIGNED: tl.constexpr):
-    """``(rows, cols)`` of expert ``e``: from the int64 table ``meta[2:4, N]`` (list) or uniform.
-
-    The list-layout table is ``meta[5, N]``: 0 input address, 1 output offset (elements, from the
-    output base pointer), 2 rows, 3 cols, 4 gradient address (backward only).
-    """
+def expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST: tl.constexpr, CVEC: tl.constexpr):
+    """``(rows, cols)`` of expert ``e``: from ``meta[2:4, e]`` (list) or the uniform shape;
+    ``CVEC > 1`` asserts (host-checked) that every ``cols`` is a multiple of ``CVEC``."""
     if LIST:
         rows = tl.load(meta_ptr + 2 * n_experts + e).to(tl.int32)
         cols = tl.load(meta_ptr + 3 * n_experts + e).to(tl.int32)
     else:  # "+ zeros": an int argument equal to 1 may arrive as a constexpr; make it a tensor
         rows = rows_u + tl.zeros([], tl.int32)
         cols = cols_u + tl.zeros([], tl.int32)
-    if ALIGNED:
-        cols = tl.multiple_of(cols, 8)
+    if CVEC > 1:
+        cols = tl.multiple_of(cols, CVEC)
     return rows, cols
 
 
 @triton.jit
-def expert_base(stacked_ptr, meta_ptr, slot, n_experts, e, rows, cols, LIST: tl.constexpr, ALIGNED: tl.constexpr):
-    """Base pointer of expert ``e``: ``meta[slot, e]`` as an address (list) or ``ptr + e*rows*cols``.
-
-    In the list layout the pointer type is taken from ``stacked_ptr`` (a placeholder tensor of the
-    element type), so the same source serves int16 and int32 bit buffers.
-    """
+def expert_ptr(base_ptr, meta_ptr, slot, n_experts, e, rows, cols, LIST: tl.constexpr, VEC: tl.constexpr):
+    """``base_ptr + meta[slot, e]`` (list) or ``base_ptr + e*rows*cols`` (stacked); ``VEC > 1``
+    asserts (host-checked) that the list offset is a multiple of ``VEC`` elements (16 bytes)."""
     if LIST:
-        addr = tl.load(meta_ptr + slot * n_experts + e)
-        if ALIGNED:
-            addr = tl.multiple_of(addr, 16)
-        return addr.to(stacked_ptr.dtype)
+        off = tl.load(meta_ptr + slot * n_experts + e)
+        if VEC > 1:
+            off = tl.multiple_of(off, VEC)
+        return base_ptr + off
     else:
-        return stacked_ptr + e.to(tl.int64) * rows.to(tl.int64) * cols.to(tl.int64)
+        return base_ptr + e.to(tl.int64) * rows.to(tl.int64) * cols.to(tl.int64)
 
 
 @triton.jit
-def expert_out_base(out_ptr, meta_ptr, n_experts, e, rows, cols, LIST: tl.constexpr, ALIGNED: tl.constexpr):
-    """Output base of expert ``e``: ``out_ptr + meta[1, e]`` (list) or ``out_ptr + e*rows*cols``."""
-    if LIST:
-        off = tl.load(meta_ptr + n_experts + e)
-        if ALIGNED:
-            off = tl.multiple_of(off, 8)
-        return out_ptr + off
-    else:
-        return out_ptr + e.to(tl.int64) * rows.to(tl.int64) * cols.to(tl.int64)
+def tile_count(rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """``(column tiles, tiles)`` of a ``[rows, cols]`` expert (column tiles >= 1)."""
+    return tl.maximum(tl.cdiv(cols, BC), 1), tl.cdiv(rows, BR) * tl.cdiv(cols, BC)
 
 
 @triton.jit
-def tile_origin(t, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
-    """``(r0, c0, valid)``: first row/col of tile ``t`` and whether the expert has that tile."""
-    n_tc = tl.maximum(tl.cdiv(cols, BC), 1)
-    n_t = tl.cdiv(rows, BR) * tl.cdiv(cols, BC)
+def tile_2d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """Tile ``t``: ``(tile0, offs, r, rmask, mask)`` = int64 start, int32 in-tile offsets ``[BR, BC]``,
+    row indices ``[BR, 1]``, row mask and element mask."""
     tr = t // n_tc
-    tc = t - tr * n_tc
-    return tr * BR, tc * BC, t < n_t
-
-
-@triton.jit
-def program_tile(meta_ptr, n_experts, rows_u, cols_u, LIST: tl.constexpr, ALIGNED: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """``(e, rows, cols, r0, c0, valid)`` of this program: expert, its shape, the tile's origin."""
-    t = tl.program_id(0)
-    e = tl.program_id(1)
-    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, ALIGNED)
-    r0, c0, valid = tile_origin(t, rows, cols, BR, BC)
-    return e, rows, cols, r0, c0, valid
-
-
-@triton.jit
-def tile_2d(r0, c0, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
-    """``(tile0, offs, rl, rmask, mask)`` of a ``[BR, BC]`` tile: int64 tile start, int32 in-tile
-    offsets, local row indices ``[BR, 1]``, row mask and element mask."""
+    r0 = tr * BR
+    c0 = (t - tr * n_tc) * BC
     rl = tl.arange(0, BR)[:, None]
     cl = tl.arange(0, BC)[None, :]
     rmask = (r0 + rl) < rows
-    return r0.to(tl.int64) * cols + c0, rl * cols + cl, rl, rmask, rmask & ((c0 + cl) < cols)
+    return r0.to(tl.int64) * cols + c0, rl * cols + cl, r0 + rl, rmask, rmask & ((c0 + cl) < cols)
+
+
+@triton.jit
+def tile_3d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr):
+    """Tile ``t`` as ``[BR, BC // B, B]`` (blocks of ``B`` along the row): ``(tile0, offs, mask)``;
+    a short last block of a row is masked (its padding loads as zero)."""
+    tr = t // n_tc
+    r0 = tr * BR
+    c0 = (t - tr * n_tc) * BC
+    rl = tl.arange(0, BR)[:, None, None]
+    cl = tl.arange(0, BC // B)[None, :, None] * B + tl.arange(0, B)[None, None, :]
+    return r0.to(tl.int64) * cols + c0, rl * cols + cl, ((r0 + rl) < rows) & ((c0 + cl) < cols)

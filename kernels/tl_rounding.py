@@ -18,16 +18,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .formats import IO_BF16, IO_FP16
+from .formats import IO_BF16, IO_FP16, IO_FP32
 
 _IO_BF16 = tl.constexpr(IO_BF16)
 _IO_FP16 = tl.constexpr(IO_FP16)
-
-
-@triton.jit
-def exact_pow2(k):
-    """``2.0**k`` (fp32) for int32 ``k`` in [-126, 127], written into the exponent bits: exact."""
-    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+_IO_FP32 = tl.constexpr(IO_FP32)
 
 
 @triton.jit
@@ -41,47 +36,30 @@ def rne_integer_magnitude(w):
 
 
 @triton.jit
-def sign_bits(v):
-    """The sign bit of fp32 ``v`` as an int32 (``0`` or ``0x80000000``)."""
-    b = v.to(tl.int32, bitcast=True)
-    return b ^ (b & 0x7FFFFFFF)
+def _round_mag_minifloat(c, EMIN_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
+    """Round ``c >= 0`` to a minifloat grid, ties to even: ``(c + C) - C`` with
+    ``C = 1.5 * 2**(max(e, emin) + 23 - m)`` built from ``c``'s exponent bits (e = floor(log2 c)).
 
-
-@triton.jit
-def with_sign(mag, sign):
-    """Put int32 ``sign`` bits onto a non-negative fp32 ``mag`` (keeps ``-0.0``)."""
-    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def round_to_e4m3(c):
-    """fp32 ``c`` in [-448, 448] -> nearest E4M3 value (fp32), ties to even; ``-0.0`` kept.
-
-    Normal E4M3 range (|c| >= 2**-6): round the fp32 mantissa to 3 bits with an integer add of
-    ``0x7FFFF + lsb`` and a mask (a carry moves into the exponent, which is the right result).
-    Subnormal range (quantum 2**-9): ``(|c| + 1.5*2**14) - 1.5*2**14``.
+    The sum lies in ``C``'s binade, whose fp32 quantum is ``2**(max(e, emin) - m)``: exactly the
+    grid's quantum at ``c`` (its subnormal quantum below ``2**emin``), so the one rounding of the add
+    is the grid rounding (``C`` is an even multiple of the quantum: ties go to even); a carry to
+    ``2**(e+1)`` is still exact.  ``EMIN_BITS = (emin + 127) << 23``, ``SHIFT_BITS = (23 - m) << 23``.
     """
-    b = c.to(tl.int32, bitcast=True)
-    mag = b & 0x7FFFFFFF
-    nrm = (mag + (0x7FFFF + ((mag >> 20) & 1))) & -1048576  # -1048576 = 0xFFF00000
-    sub = ((tl.abs(c) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)
-    r = tl.where(mag >= 0x3C800000, nrm, sub)  # 0x3C800000 = 2**-6
-    return (r | (b ^ mag)).to(tl.float32, bitcast=True)
+    e = tl.maximum(c.to(tl.int32, bitcast=True) & 0x7F800000, EMIN_BITS)
+    big = (e + (SHIFT_BITS + 0x400000)).to(tl.float32, bitcast=True)
+    return (c + big) - big
 
 
 @triton.jit
-def round_to_e2m1(c):
-    """fp32 ``c`` in [-6, 6] -> nearest E2M1 value {0,.5,1,1.5,2,3,4,6} (fp32), ties to even.
+def round_mag_e4m3(c):
+    """``c`` in [0, 448] -> nearest E4M3 magnitude (fp32), ties to even (m = 3, emin = -6)."""
+    return _round_mag_minifloat(c, 121 << 23, 20 << 23)
 
-    |c| >= 1: round the mantissa to 1 bit (integer add of ``0x1FFFFF + lsb``, mask);
-    |c| < 1: quantum 0.5, ``(|c| + 1.5*2**22) - 1.5*2**22``.
-    """
-    b = c.to(tl.int32, bitcast=True)
-    mag = b & 0x7FFFFFFF
-    nrm = (mag + (0x1FFFFF + ((mag >> 22) & 1))) & -4194304  # -4194304 = 0xFFC00000
-    sub = ((tl.abs(c) + 6291456.0) - 6291456.0).to(tl.int32, bitcast=True)
-    r = tl.where(mag >= 0x3F800000, nrm, sub)  # 0x3F800000 = 1.0
-    return (r | (b ^ mag)).to(tl.float32, bitcast=True)
+
+@triton.jit
+def round_mag_e2m1(c):
+    """``c`` in [0, 6] -> nearest E2M1 magnitude {0,.5,1,1.5,2,3,4,6}, ties to even (m = 1, emin = 0)."""
+    return _round_mag_minifloat(c, 127 << 23, 22 << 23)
 
 
 @triton.jit
@@ -96,22 +74,57 @@ def bits_to_f32(bits, IO: tl.constexpr):
 
 
 @triton.jit
-def f32_to_bits(y, is_nan, IO: tl.constexpr):
-    """fp32 ``y`` -> output bits of the IO dtype, round to nearest even; ``is_nan`` -> canonical NaN.
+def magnitude_bits(bits, IO: tl.constexpr):
+    """``|x|`` as an int32 whose order is the float order: the bits with the sign cleared.  NaN
+    orders above +inf (``> INF_BITS``), so one integer max gives both a block's max|x| and whether
+    the block holds a NaN, the same way on every back end (float max differs on NaN)."""
+    if IO == _IO_FP32:
+        return bits & 0x7FFFFFFF
+    else:
+        return bits.to(tl.int32) & 0x7FFF
 
-    bf16: ``(b + 0x7FFF + lsb) >> 16`` on the fp32 bits (overflow carries into inf, as RNE must);
-    fp16: the fp32->fp16 conversion (RNE on both back ends); canonical NaN = ``0x7FFF`` (bf16, fp16)
-    or ``0x7FFFFFFF`` (fp32), as ``reference.rounding.to_output_dtype`` writes it.
+
+@triton.jit
+def magnitude_bits_to_f32(mbits, IO: tl.constexpr):
+    """Inverse of ``magnitude_bits`` (exact)."""
+    if IO == _IO_BF16:
+        return (mbits << 16).to(tl.float32, bitcast=True)
+    elif IO == _IO_FP16:
+        return mbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        return mbits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def inf_bits(IO: tl.constexpr):
+    """``magnitude_bits(+inf)``: a larger value is a NaN."""
+    if IO == _IO_BF16:
+        return 0x7F80
+    elif IO == _IO_FP16:
+        return 0x7C00
+    else:
+        return 0x7F800000
+
+
+@triton.jit
+def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr):
+    """Non-negative fp32 ``ymag`` -> output bits (IO dtype), round to nearest even, ``| sign``;
+    ``nan_bits`` where ``is_nan``.
+
+    ``sign``: integer tensor of the output width holding only the sign bit (or 0); every format's
+    output has its input's sign, so kernels pass ``input_bits & sign_mask``.  bf16:
+    ``(b + 0x7FFF + lsb) >> 16`` on the fp32 bits (overflow carries into inf, as RNE must); fp16: the
+    fp32->fp16 conversion (RNE on both back ends).  The canonical NaN is ``0x7FFF`` (bf16, fp16) or
+    ``0x7FFFFFFF`` (fp32), as ``reference.rounding.to_output_dtype`` writes it.
     """
     if IO == _IO_BF16:
-        b = y.to(tl.int32, bitcast=True)
-        r = (b + (0x7FFF + ((b >> 16) & 1))) >> 16
-        return tl.where(is_nan, 0x7FFF, r).to(tl.int16)
+        b = ymag.to(tl.int32, bitcast=True)
+        r = ((b + (0x7FFF + ((b >> 16) & 1))) >> 16).to(tl.int16) | sign
     elif IO == _IO_FP16:
-        r = y.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-        return tl.where(is_nan, 0x7FFF, r).to(tl.int16)
+        r = ymag.to(tl.float16).to(tl.int16, bitcast=True) | sign
     else:
-        return tl.where(is_nan, 0x7FFFFFFF, y.to(tl.int32, bitcast=True))
+        r = ymag.to(tl.int32, bitcast=True) | sign
+    return tl.where(is_nan, nan_bits, r)
 
 
 @triton.jit

@@ -50,8 +50,8 @@ def test_clipped_with_many_small_tiles(gen: torch.Generator, device: str) -> Non
     grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16).to(device) for w in ws]
     table = launch.expert_table(ws, grads)
     flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
-    launch.bwd_list(table, ws[0], grads[0], flat, amax_for_list(amax, [6, 6, 6], ws[0].device, nvfp4=False),
-                    config=launch.KernelConfig(32, 1, max_bc=16))  # fmt: skip
+    launch.bwd_list(table, ws, grads, flat, amax_for_list(amax, [6, 6, 6], ws[0].device, nvfp4=False),
+                    config=launch.KernelConfig(32, 1, max_bc=16, tiles_per_program=3))  # fmt: skip
     assert_same_bits(outs, reference.ste_backward_experts(ws, amax, grads, "clipped"), ws, case="clipped/small_tiles")
 
 

@@ -69,9 +69,10 @@ def test_unchecked_bad_values_give_the_documented_results(device: str) -> None:
     w = torch.tensor([[0.5, -0.25, 1.0]], dtype=BF, device=device)
     a = torch.ones(1, device=device)
     got = kernels.fake_quant_experts([w], a, "int8", unsigned=True, check_values=False)[0]
-    want = reference.fake_quant_experts([w.clamp_min(0)], a, "int8", unsigned=True)[0]
+    want = reference.fake_quant_experts([torch.where(w < 0, -0.0, w)], a, "int8", unsigned=True)[0]  # negative -> -0
     assert_same_bits([got], [want], [w], case="unsigned_negative_unchecked")
     nan = torch.tensor([[0.5, float("nan")] + [0.1] * 30], dtype=BF, device=device)
+    nan.view(torch.int16)[0, 1] = 0x7F81  # the NaN closest to +inf
     out = kernels.fake_quant_experts([nan], a, "nvfp4", check_values=False)[0].view(torch.int16)
     assert (out[0, :16] == 0x7FFF).all(), "a block holding a NaN is the canonical NaN throughout"
     assert_same_bits([out[:, 16:].view(BF)], [reference.fake_quant(nan[:, 16:], a[0], "nvfp4")], case="nvfp4_clean_block")

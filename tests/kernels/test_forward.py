@@ -164,8 +164,8 @@ def test_outputs_are_aligned_views_of_one_buffer(gen: torch.Generator, device: s
 
 @pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
 def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
-    """A 4x16 tile forces several row and column tiles per expert and partial tiles at both edges
-    (the default interpreter tile covers a whole small expert, the GPU's does not)."""
+    """A 4x16 tile forces several row and column tiles per expert, partial tiles at both edges and
+    programs looping over 3 tiles (the interpreter's default tile covers a whole small expert)."""
     from kernels import launch
     from kernels.amax import amax_for_list
     from kernels.formats import parse_spec
@@ -175,8 +175,8 @@ def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
     table = launch.expert_table(ws)
     flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
     view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
-    small = launch.KernelConfig(64, 1, max_bc=16)
-    launch.fwd_list(table, ws[0], flat, view, parse_spec(fmt, None, {}), check=True, config=small)
+    small = launch.KernelConfig(64, 1, max_bc=16, tiles_per_program=3)  # several tiles per program, last one partial
+    launch.fwd_list(table, ws, flat, view, parse_spec(fmt, None, {}), check=True, config=small)
     assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/small_tiles")
 
 
@@ -194,7 +194,7 @@ def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generat
     flat, outs = launch.alloc_outputs(table, torch.bfloat16, x.device)
     cfg = launch.KernelConfig(4096, 4, nvfp4_int_recip=int_recip) if device == "cuda" else launch.KernelConfig(
         65536, 4, max_waste=float("inf"), max_bc=65536, nvfp4_int_recip=int_recip)  # fmt: skip
-    launch.fwd_list(table, x, flat, amax_for_list(amax, [4], x.device, nvfp4=True), parse_spec("nvfp4", None, {}), check=True, config=cfg)
+    launch.fwd_list(table, [x], flat, amax_for_list(amax, [4], x.device, nvfp4=True), parse_spec("nvfp4", None, {}), check=True, config=cfg)
     want = reference.fake_quant(x, amax[0], "nvfp4")
     assert bool((want != 0).any()), "the case must produce non-zero outputs to mean anything"
     assert_same_bits(outs, [want], [x], case="nvfp4/subnormal_d")
@@ -214,7 +214,7 @@ def test_hardware_division_paths(fmt: str, gen: torch.Generator, device: str) ->
     base = launch.INTERPRETER_CONFIG if device == "cpu" else launch.FWD_CONFIG[parse_spec(fmt, None, {}).code]
     cfg = launch.KernelConfig(base.block, base.num_warps, base.max_waste, base.max_bc, nvfp4_int_recip=False, scalar_int_div=False)
     view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
-    launch.fwd_list(table, ws[0], flat, view, parse_spec(fmt, None, {}), check=True, config=cfg)
+    launch.fwd_list(table, ws, flat, view, parse_spec(fmt, None, {}), check=True, config=cfg)
     assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/div_rn")
 
 

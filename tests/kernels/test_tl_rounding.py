@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import env
-from kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_to_e2m1, round_to_e4m3
+from kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_mag_e2m1, round_mag_e4m3
 from reference.rounding import round_to_e2m1 as ref_e2m1
 from reference.rounding import round_to_e4m3 as ref_e4m3
 from reference.rounding import to_output_dtype
@@ -43,18 +43,23 @@ def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=0.0)
     if WHICH == 0:
-        y = round_to_e4m3(tl.minimum(tl.maximum(x, -448.0), 448.0))
+        y = round_mag_e4m3(tl.minimum(x, 448.0))
     else:
-        y = round_to_e2m1(tl.minimum(tl.maximum(x, -6.0), 6.0))
+        y = round_mag_e2m1(tl.minimum(x, 6.0))
     tl.store(o_ptr + i, y, mask=m)
 
 
 @triton.jit
-def _out_kernel(x_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
+def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
     m = i < n
     y = tl.load(x_ptr + i, mask=m, other=0.0)
-    tl.store(o_ptr + i, f32_to_bits(y, y != y, IO), mask=m)
+    sign = tl.load(s_ptr + i, mask=m, other=0)
+    if IO == 2:
+        nan_bits = tl.full([], 0x7FFFFFFF, tl.int32)
+    else:
+        nan_bits = tl.full([], 0x7FFF, tl.int16)
+    tl.store(o_ptr + i, f32_to_bits(tl.abs(y), sign, y != y, nan_bits, IO), mask=m)
 
 
 def _run(kernel, device: str, *tensors, **kw) -> None:
@@ -106,13 +111,15 @@ def test_int_dequant_is_correctly_rounded(exact_fma: bool, gen: torch.Generator,
 
 @pytest.mark.parametrize("which", ["e4m3", "e2m1"])
 def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
-    """Every bf16 value (as fp32) plus the fp32 neighbours of every grid midpoint."""
-    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    """Every non-negative bf16 value (as fp32), fp32 subnormals, and the fp32 neighbours of every
+    grid midpoint (the kernels round magnitudes and put the sign back from the input bits)."""
+    x = torch.arange(0, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    x = torch.cat([x, torch.tensor([1e-45, 1e-40, 5.8e-39]), torch.tensor([3.0e38, float("inf")])])
     grid = ref_e4m3(torch.linspace(-448, 448, 20001)) if which == "e4m3" else ref_e2m1(torch.linspace(-6, 6, 1001))
     g = torch.unique(grid)
     mid = (g[1:] + g[:-1]) / 2
     near = torch.cat([mid, torch.nextafter(mid, mid + 1), torch.nextafter(mid, mid - 1)])
-    x = torch.cat([x[~torch.isnan(x)], near]).contiguous()
+    x = torch.cat([x[~torch.isnan(x)], near[near >= 0]]).contiguous()
     lim = 448.0 if which == "e4m3" else 6.0
     want = (ref_e4m3 if which == "e4m3" else ref_e2m1)(torch.clamp(x, -lim, lim))
     out = torch.empty_like(x, device=device)
@@ -122,11 +129,14 @@ def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_output_conversion_matches_reference(dtype: torch.dtype, gen: torch.Generator, device: str) -> None:
-    """Random fp32 bit patterns (NaN, inf, subnormal, overflow included) -> output dtype, RNE."""
+    """Random fp32 bit patterns (NaN, inf, subnormal, overflow included) -> output dtype, RNE; the
+    magnitude is rounded and the sign OR-ed in, as the kernels do."""
     bits = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=gen, dtype=torch.int64).to(torch.int32)
     y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 65519.99, 3.3961776e38, 3.3961775e38, -0.0, 5.9e-8])])
     want = to_output_dtype(y, dtype)
     io = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[dtype]
-    out = torch.empty(y.shape, dtype=torch.int16 if dtype != torch.float32 else torch.int32, device=device)
-    _run(_out_kernel, device, y.to(device), out, IO=io)
+    idt = torch.int16 if dtype != torch.float32 else torch.int32
+    sign = torch.where(torch.signbit(y), torch.tensor(torch.iinfo(idt).min, dtype=idt), torch.tensor(0, dtype=idt))
+    out = torch.empty(y.shape, dtype=idt, device=device)
+    _run(_out_kernel, device, y.to(device), sign.to(device), out, IO=io)
     assert_same_bits([out.view(dtype)], [want], [y], case=f"to_{dtype}")
