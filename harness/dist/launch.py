@@ -22,6 +22,7 @@ spawned interpreter per rank would re-import torch (and ``torch._dynamo``, which
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -236,7 +237,8 @@ def run_ranks(
 
     * ``job``: a module-level function (it is pickled by name);
     * ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, needs ``layout.world`` GPUs);
-    * ``workdir``: where the per-call result folder goes (default: the system temp dir);
+    * ``workdir``: where the per-call result folder goes (default: the system temp dir); it is
+      removed before returning;
     * ``timeout_s``: wall-clock limit of the whole call; ``pg_timeout_s``: collective timeout.
     """
     if device not in ("cpu", "cuda"):
@@ -246,14 +248,17 @@ def run_ranks(
         raise ValueError(f"{layout.id} needs {layout.world} GPUs, found {torch.cuda.device_count()}")
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     out_dir = tempfile.mkdtemp(prefix=f"ranks-{layout.id}-{uuid.uuid4().hex[:6]}-", dir=workdir)
-    for attempt in range(2):
-        spec = LaunchSpec(job, payload, layout, backend, free_port(), out_dir, pg_timeout_s)
-        context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method())
-        try:
-            _wait(context, time.monotonic() + timeout_s, layout, timeout_s)
-            break
-        except RankFailure as exc:
-            if attempt == 0 and any(sign in str(exc) for sign in _STARTUP_FAILURES):
-                continue
-            raise
-    return [unpack(torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)) for r in range(layout.world)]
+    try:
+        for attempt in range(2):
+            spec = LaunchSpec(job, payload, layout, backend, free_port(), out_dir, pg_timeout_s)
+            context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method())
+            try:
+                _wait(context, time.monotonic() + timeout_s, layout, timeout_s)
+                break
+            except RankFailure as exc:
+                if attempt == 0 and any(sign in str(exc) for sign in _STARTUP_FAILURES):
+                    continue
+                raise
+        return [unpack(torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)) for r in range(layout.world)]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Iterator, Optional
 
 import torch
@@ -50,12 +50,22 @@ NEGATIVE_FORMATS: tuple[str, ...] = ("fp8_e4m3/per_expert", "nvfp4/static")
 
 @dataclass(frozen=True)
 class DistPlan:
-    """What to run.  Every argument but ``seed`` and the layouts is keyword-only in spirit and
-    checked up front (``validate``), with an error naming the bad one."""
+    """What to run: the seed and the layouts positionally, everything else by keyword; checked up
+    front (``validate``) with an error naming each bad argument.
+
+    * ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank);
+    * ``engine``: a key of ``engines.ENGINES``;
+    * ``cfg``: the expert model; ``qlayouts``/``qf_ids``: quantizer layouts and formats;
+    * ``negative_controls``: also write the local-index checkpoints, the unsynced NVFP4 global
+      amax and the bit-flipped copy, and check that each is caught;
+    * ``bad_inputs``: also load the checkpoints of ``bad_inputs`` under every load layout;
+    * ``timeout_s``: wall-clock limit of each ``run_ranks`` call.
+    """
 
     seed: int
     save_layouts: tuple[Layout, ...]
     load_layouts: tuple[Layout, ...]
+    _: KW_ONLY
     device: str = "cpu"
     engine: str = "dcp"
     cfg: MoEConfig = field(default_factory=MoEConfig)

@@ -38,3 +38,16 @@ def test_rows_from_the_gloo_run(gloo_run):
     assert row.fields["save"] == "tp2ep4" and row.fields["load"] == "tp1ep2" and row.fields["mismatches"] == 0
     assert row.repro.startswith("python -m harness.dist") and "--save tp2ep4 --load tp1ep2" in row.repro
     assert sec.to_json()["verdict"] == "pass"
+
+
+def test_plan_validation_names_each_bad_argument():
+    from harness.dist.layout import Layout
+
+    plan = DistPlan(1, (Layout(1, 3),), (Layout(1, 1),), device="tpu", engine="x", qf_ids=("int3",))
+    with pytest.raises(ValueError) as info:
+        plan.validate()
+    text = str(info.value)
+    for part in ("device='tpu'", "engine='x'", "qf_ids has 'int3'", "not divisible by ep=3"):
+        assert part in text
+    with pytest.raises(TypeError):
+        DistPlan(1, (Layout(1, 1),), (Layout(1, 1),), "cpu")
