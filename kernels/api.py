@@ -69,10 +69,9 @@ def fake_quant_experts(
         return []
     check_expert_list(weights)
     device = weights[0].device
-    rows = [expert_matrix_shape(w)[0] for w in weights]
-    a = amax_for_list(amax, rows, device, nvfp4=spec.code == FMT_NVFP4)
     env.require_kernel(device)
     table = launch.expert_table(weights)
+    a = amax_for_list(amax, [r for r, _ in table.shapes], device, nvfp4=spec.code == FMT_NVFP4)
     flat, outs = launch.alloc_outputs(table, weights[0].dtype, device)
     if any(w.numel() for w in weights):
         launch.fwd_list(table, weights, flat, a, spec, check=check_values)

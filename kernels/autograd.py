@@ -41,8 +41,8 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             ctx.save_for_backward(amax, *weights)
         if use_kernel:
             spec = parse_spec(fmt, None, options)
-            view = amax_for_list(amax, [expert_matrix_shape(w)[0] for w in weights], amax.device, nvfp4=spec.code == FMT_NVFP4)
             table = table or launch.expert_table(weights)
+            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
             flat, outs = launch.alloc_outputs(table, weights[0].dtype, weights[0].device)
             if table.total:
                 launch.fwd_list(table, weights, flat, view, spec, check=False)

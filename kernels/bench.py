@@ -231,7 +231,7 @@ def peak_extra_memory(n: int, shape: tuple[int, int]) -> dict[str, float]:
     return result
 
 
-SWEEP_TILES = ((4096, 4, 4), (8192, 8, 4), (8192, 8, 1), (16384, 8, 2))
+SWEEP_TILES = ((4096, 4, 4), (4096, 4, 8), (2048, 4, 8), (8192, 8, 2))
 """(elements per tile, warps, tiles per program) tried per kernel at the production case."""
 
 
@@ -268,17 +268,17 @@ def triton_copy_pct(copy_gbps: float) -> float:
     access pattern alone reaches at the Ultra production case, as % of copy bandwidth."""
     from .copy_kernel import tiled_copy_kernel
     from .formats import FMT_FP8
-    from .geometry import choose_tile, grid_for
-    from .launch import FWD_CONFIG
+    from .geometry import grid_for
+    from .launch import FWD_CONFIG, tile_for
 
     _, n, shape = PRODUCTION
     runner = KernelRunner([make_experts(n, shape, seed=0)])
     (ws, _), table, (flat, _) = runner.sets[0], runner.tables[0], runner.outs[0]
     cfg = FWD_CONFIG[FMT_FP8]
-    tile = choose_tile(table.shapes, cfg.block, cfg.num_warps, min_bc=16, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
-    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
+    tile = tile_for(table.shapes, cfg, ws[0].device)
+    grid = grid_for(table.shapes, tile)
     xi, fi = ws[table.base].view(torch.int16), flat.view(torch.int16)
-    launch_copy = lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=cfg.tiles_per_program,  # noqa: E731
+    launch_copy = lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=tile.tpp,  # noqa: E731
                                                   num_warps=tile.num_warps)
     ms = _graph_ms([launch_copy])
     return 100 * 4 * n * shape[0] * shape[1] / ms / 1e6 / copy_gbps

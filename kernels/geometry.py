@@ -6,7 +6,7 @@ Layout only, no arithmetic.  An expert is viewed as a row-major ``[rows, cols]``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -19,11 +19,24 @@ _INT32_MAX = 2**31 - 1
 
 @dataclass(frozen=True)
 class TileShape:
-    """``BR x BC`` elements per program; ``num_warps`` per program."""
+    """``BR x BC`` elements per tile, ``num_warps`` and ``tpp`` tiles per program."""
 
     br: int
     bc: int
     num_warps: int
+    tpp: int = 1
+
+
+def tiles_per_program(shapes: Sequence[tuple[int, int]], tile: TileShape, max_tpp: int, sms: int | None) -> int:
+    """Largest power of two <= ``max_tpp`` that still leaves 16 programs per SM (a small problem
+    needs every program it can get to fill the machine; a large one amortises per-program work)."""
+    if sms is None:
+        return max_tpp
+    total = sum((-(-r // tile.br)) * (-(-c // tile.bc)) for r, c in shapes)
+    tpp = 1 << (max(max_tpp, 1).bit_length() - 1)
+    while tpp > 1 and total // tpp < 16 * sms:
+        tpp //= 2
+    return tpp
 
 
 def expert_matrix_shape(w: torch.Tensor) -> tuple[int, int]:
@@ -105,8 +118,12 @@ def choose_tile(
     return TileShape(_pow2_at_most(br), bc, num_warps)
 
 
-def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape, tiles_per_program: int = 1) -> tuple[int, int]:
-    """``(cdiv(max tiles per expert, tiles_per_program), N)``; ``ValueError`` past the CUDA grid limits."""
+def with_tpp(tile: TileShape, tpp: int) -> TileShape:
+    return replace(tile, tpp=tpp)
+
+
+def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape) -> tuple[int, int]:
+    """``(cdiv(max tiles per expert, tile.tpp), N)``; ``ValueError`` past the CUDA grid limits."""
     n = len(shapes)
     if n > MAX_EXPERTS:
         raise ValueError(f"at most {MAX_EXPERTS} experts per launch, got {n}")
@@ -115,4 +132,4 @@ def grid_for(shapes: Sequence[tuple[int, int]], tile: TileShape, tiles_per_progr
     tiles = max((-(-r // tile.br)) * (-(-c // tile.bc)) for r, c in shapes)
     if tiles > _INT32_MAX:
         raise ValueError(f"an expert needs {tiles} tiles of {tile.br}x{tile.bc}; the grid allows {_INT32_MAX}")
-    return max(-(-tiles // tiles_per_program), 1), n
+    return max(-(-tiles // tile.tpp), 1), n

@@ -13,6 +13,7 @@ Outputs of the list layout are views into one buffer (one allocation), each expe
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,7 +22,7 @@ import torch
 from . import env
 from .amax import AmaxView, raise_value_errors, value_errors
 from .formats import BITS_DTYPE, FMT_FP8, FMT_INT, FMT_NVFP4, IO_CODES, QuantSpec
-from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for
+from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for, tiles_per_program, with_tpp
 
 
 
@@ -42,15 +43,16 @@ class KernelConfig:
     scalar_int_div: bool = True
     """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
     tiles_per_program: int = 1
-    """Tiles each program loops over (per-expert scales computed once per program)."""
+    """Most tiles each program loops over (per-expert scales computed once per program); fewer
+    when the problem is small (``geometry.tiles_per_program``)."""
 
 
-FWD_CONFIG: dict[int, KernelConfig] = {
-    FMT_INT: KernelConfig(8192, 8, tiles_per_program=4),
-    FMT_FP8: KernelConfig(8192, 8, tiles_per_program=4),
-    FMT_NVFP4: KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=False),
+FWD_CONFIG: dict[int, KernelConfig] = {  # H200 sweep at the Ultra production case (kernels/bench.py --sweep)
+    FMT_INT: KernelConfig(4096, 4, tiles_per_program=4),
+    FMT_FP8: KernelConfig(4096, 4, tiles_per_program=4),
+    FMT_NVFP4: KernelConfig(4096, 4, tiles_per_program=4, nvfp4_int_recip=False),
 }
-BWD_CONFIG = KernelConfig(8192, 8, tiles_per_program=4)
+BWD_CONFIG = KernelConfig(8192, 8, tiles_per_program=2)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
 """Under the interpreter both division paths are numpy's IEEE division or exact integer code."""
 
@@ -70,8 +72,17 @@ def _quiet(device: torch.device):
     return np.errstate(all="ignore")
 
 
-def _tile(shapes: Sequence[tuple[int, int]], cfg: KernelConfig) -> TileShape:
-    return choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tile_for(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, device: torch.device) -> TileShape:
+    """The tile geometry (and tiles per program) a launch over ``shapes`` uses."""
+    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
+    return with_tpp(tile, tiles_per_program(shapes, tile, cfg.tiles_per_program, _sm_count(device)))
 _MIN_BC = 16
 
 
@@ -149,7 +160,16 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
 
 
 def alloc_outputs(table: ExpertTable, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One flat buffer plus the per-expert contiguous views the kernel writes (``table.offsets``)."""
+    """One flat buffer plus the per-expert contiguous views the kernel writes (``table.offsets``).
+
+    Equal shapes whose size is a multiple of the padding (the usual grouped layer) take one
+    ``[N, ...]`` allocation and ``unbind``: a single call instead of 2N view constructions.
+    """
+    n = len(table.shapes)
+    first = table.out_shapes[0]
+    if n and all(s == first for s in table.out_shapes) and table.offsets[-1] == (n - 1) * first.numel() and first.numel():
+        stacked = torch.empty((n, *first), dtype=dtype, device=device)
+        return stacked.view(-1), list(stacked.unbind(0))
     flat = torch.empty(max(table.total, 1), dtype=dtype, device=device)
     sizes: list[int] = []
     prev = 0
@@ -200,8 +220,8 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, a
     )
 
 
-def _launch_opts(tile: TileShape, cfg: KernelConfig) -> dict:
-    return dict(BR=tile.br, BC=tile.bc, TPP=cfg.tiles_per_program, num_warps=tile.num_warps, enable_fp_fusion=False)
+def _launch_opts(tile: TileShape) -> dict:
+    return dict(BR=tile.br, BC=tile.bc, TPP=tile.tpp, num_warps=tile.num_warps, enable_fp_fusion=False)
 
 
 def _stacked_shapes(x: torch.Tensor) -> list[tuple[int, int]]:
@@ -232,13 +252,13 @@ def fwd_list(
 
     x0 = xs[table.base]
     cfg = _config(x0.device, config, FWD_CONFIG[spec.code])
-    tile = _tile(table.shapes, cfg)
-    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
+    tile = tile_for(table.shapes, cfg, x0.device)
+    grid = grid_for(table.shapes, tile)
     flags = _flags(x0.device, check)
     with _quiet(x0.device):
         fake_quant_fwd_kernel[grid](
             _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
-            LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile, cfg),
+            LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
@@ -253,13 +273,13 @@ def fwd_stacked(
     shapes = _stacked_shapes(x)
     (rows, cols), n = shapes[0], len(shapes)
     cfg = _config(x.device, config, FWD_CONFIG[spec.code])
-    tile = _tile(shapes, cfg)
-    grid = grid_for(shapes, tile, cfg.tiles_per_program)
+    tile = tile_for(shapes, cfg, x.device)
+    grid = grid_for(shapes, tile)
     flags = _flags(x.device, check)
     with _quiet(x.device):
         fake_quant_fwd_kernel[grid](
             _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
-            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile, cfg),
+            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile),
         )  # fmt: skip
     if check:
         _finish_checks(flags, amax, spec)
@@ -279,14 +299,14 @@ def bwd_list(
 
     x0, g0 = xs[table.base], grads[table.base]
     cfg = _config(x0.device, config, BWD_CONFIG)
-    tile = _tile(table.shapes, cfg)
-    grid = grid_for(table.shapes, tile, cfg.tiles_per_program)
+    tile = tile_for(table.shapes, cfg, x0.device)
+    grid = grid_for(table.shapes, tile)
     cvec = max(table.xvec, table.gvec) if min(table.xvec, table.gvec) > 1 else 1
     with _quiet(x0.device):
         clipped_bwd_kernel[grid](
             _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
             IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec,
-            **_launch_opts(tile, cfg),
+            **_launch_opts(tile),
         )  # fmt: skip
 
 
@@ -299,12 +319,12 @@ def bwd_stacked(
     shapes = _stacked_shapes(x)
     (rows, cols), n = shapes[0], len(shapes)
     cfg = _config(x.device, config, BWD_CONFIG)
-    tile = _tile(shapes, cfg)
-    grid = grid_for(shapes, tile, cfg.tiles_per_program)
+    tile = tile_for(shapes, cfg, x.device)
+    grid = grid_for(shapes, tile)
     xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
     with _quiet(x.device):
         clipped_bwd_kernel[grid](
             _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
             IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
-            CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile, cfg),
+            CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile),
         )  # fmt: skip

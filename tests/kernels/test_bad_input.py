@@ -7,7 +7,7 @@ import torch
 
 import kernels
 import reference
-from kernels.geometry import MAX_EXPERTS, choose_tile, grid_for
+from kernels.geometry import MAX_EXPERTS, choose_tile, grid_for, tiles_per_program, with_tpp
 
 from .bitcheck import assert_same_bits
 
@@ -126,3 +126,14 @@ def test_launch_limits_are_clear_errors() -> None:
         choose_tile([(2, 2**31)], 8192, 8, min_bc=16)
     big = choose_tile([(70000, 32768)], 8192, 8, min_bc=16)  # 2.29e9 elements: allowed
     assert grid_for([(70000, 32768)], big)[0] * big.br * big.bc >= 70000 * 32768
+
+
+def test_tiles_per_program_keeps_small_problems_parallel() -> None:
+    """Tiles per program shrink (powers of two) until 16 programs per SM remain; the grid shrinks
+    accordingly and still covers every tile."""
+    tile = choose_tile([(5120, 8192)], 4096, 4, min_bc=16)
+    assert tiles_per_program([(5120, 8192)] * 32, tile, 4, 132) == 4
+    assert tiles_per_program([(2688, 1024)] * 4, choose_tile([(2688, 1024)], 4096, 4, min_bc=16), 4, 132) == 1
+    assert tiles_per_program([(2688, 1024)] * 4, tile, 4, None) == 4  # interpreter: no SM count
+    t4 = with_tpp(tile, 4)
+    assert grid_for([(5120, 8192)], t4)[0] * 4 >= 5120 * 8192 // (tile.br * tile.bc)

@@ -23,14 +23,14 @@ from .bitcheck import assert_same_bits
 
 @triton.jit
 def _div_kernel(a_ptr, b_ptr, o_ptr, n, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(o_ptr + i, div_rn_pos(tl.load(a_ptr + i, mask=m, other=1.0), tl.load(b_ptr + i, mask=m, other=1.0)), mask=m)
 
 
 @triton.jit
 def _dequant_kernel(m_ptr, s_ptr, o_ptr, n, EXACT_FMA: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     msk = i < n
     s = tl.load(s_ptr + i, mask=msk, other=1.0)
     r = div_rn_pos(tl.zeros_like(s) + 1.0, s)
@@ -39,7 +39,7 @@ def _dequant_kernel(m_ptr, s_ptr, o_ptr, n, EXACT_FMA: tl.constexpr, BLOCK: tl.c
 
 @triton.jit
 def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=0.0)
     if WHICH == 0:
@@ -51,7 +51,7 @@ def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     y = tl.load(x_ptr + i, mask=m, other=0.0)
     sign = tl.load(s_ptr + i, mask=m, other=0)
@@ -63,9 +63,12 @@ def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
 
 
 def _run(kernel, device: str, *tensors, **kw) -> None:
+    """One launch over all inputs: a single program on the interpreter (programs cost Python time
+    there), 1024-element programs on the GPU (a huge single tile would take minutes to compile)."""
     n = tensors[0].numel()
+    block = 1024 if device == "cuda" else triton.next_power_of_2(n)
     with np.errstate(all="ignore"):
-        kernel[(1,)](*tensors, n, BLOCK=triton.next_power_of_2(n), enable_fp_fusion=False, **kw)
+        kernel[(triton.cdiv(n, block),)](*tensors, n, BLOCK=block, enable_fp_fusion=False, **kw)
 
 
 def _bits_to_f32(bits: np.ndarray) -> torch.Tensor:
