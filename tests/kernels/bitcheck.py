@@ -84,9 +84,9 @@ def amax_for(w: torch.Tensor, mode: str, *, per_channel: bool) -> torch.Tensor:
     """fp32 amax of one expert (``()`` or ``[rows]``) in one of ``AMAX_MODES``."""
     wf = w.detach().float().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs()
     if per_channel:
-        base = wf.amax(dim=-1) if w.shape[-1] else torch.zeros(w.shape[:-1])
+        base = wf.amax(dim=-1) if w.shape[-1] else torch.zeros(w.shape[:-1], device=w.device)
     else:
-        base = wf.amax() if w.numel() else torch.zeros(())
+        base = wf.amax() if w.numel() else torch.zeros((), device=w.device)
     base = base.float()
     if mode == "max":
         return base

@@ -17,6 +17,7 @@ import kernels
 import reference
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
+from .kernel_jobs import run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +63,6 @@ def _as_list(v) -> list[torch.Tensor]:
 
 
 def test_gpu_interpreter_and_reference_agree(gen: torch.Generator, tmp_path: Path) -> None:
-    from .interp_worker import run
-
     jobs = _jobs(gen)
     torch.save(jobs, tmp_path / "jobs.pt")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
