@@ -225,3 +225,11 @@ def test_one_dimensional_input(gen: torch.Generator, device: str) -> None:
     for fmt in ("int8", "nvfp4"):
         assert_same_bits([kernels.fake_quant(x, a, fmt)], [reference.fake_quant(x, a, fmt)], [x], case=f"{fmt}/1d")
         assert_same_bits(kernels.fake_quant_experts([x], a.reshape(1), fmt), [reference.fake_quant(x, a, fmt)], [x], case=f"{fmt}/1d_list")
+
+
+def test_equal_shapes_with_padding(gen: torch.Generator, device: str) -> None:
+    """Equal expert shapes whose size is not a multiple of the 64-element output padding must not
+    take the single-allocation path (its views would not be where the kernel writes)."""
+    ws = [w.to(device) for w in expert_weights(gen, [(3, 5)] * 3, torch.bfloat16, specials=False)]
+    amax = torch.stack([w.float().abs().amax() for w in ws])
+    assert_same_bits(kernels.fake_quant_experts(ws, amax, "int8"), reference.fake_quant_experts(ws, amax, "int8"), ws, case="equal_odd")
