@@ -9,7 +9,7 @@ libdevice (FINDINGS §1).  Every helper here is therefore built from operations 
 * integer add / and / or / shift / compare / ``//`` (int64) and ``bitcast``;
 * fp32<->fp16, fp32<->fp64 conversions (numpy's and the GPU's are both round-to-nearest-even).
 
-Mirrors ``reference/rounding.py``: ``round_to_e4m3``, ``round_to_e2m1`` and the output conversion
+Mirrors ``reference/rounding.py``: ``round_mag_e4m3``, ``round_mag_e2m1`` (on magnitudes) and the output conversion
 (``to_output_dtype``) produce exactly what the reference functions do.
 """
 
