@@ -47,13 +47,19 @@ def compare_devices(device: str, seed: int = 0) -> list[dict[str, Any]]:
             for name, x, amax in cases:
                 if fmt == "nvfp4" and (torch.isnan(x).any() or "per_channel" in name):
                     continue
-                a = fake_quant_traced(x, amax, fmt, var)
-                b = fake_quant_traced(x.to(device), amax.to(device), fmt, var)
+                opts = [{}]
+                if fmt.startswith("int") and "all_bf16" not in name:
+                    opts += [{"narrow_range": True}]
+                    if name.startswith("finite") or name.startswith("stacked"):
+                        x = x.abs()  # unsigned takes non-negative input (-0.0 included)
+                        opts += [{"unsigned": True}]
+                a = [fake_quant_traced(x, amax, fmt, var, **o) for o in opts]
+                b = [fake_quant_traced(x.to(device), amax.to(device), fmt, var, **o) for o in opts]
                 bits = torch.int16 if x.dtype != torch.float32 else torch.int32
-                d_out = int((a.out.view(bits) != b.out.cpu().view(bits)).sum())
-                pa, pb = a.pre_round, b.pre_round.cpu()
-                d_pre = int(((pa.view(torch.int32) != pb.view(torch.int32)) & ~(torch.isnan(pa) & torch.isnan(pb))).sum())
-                n_cmp += x.numel()
+                d_out = sum(int((ra.out.view(bits) != rb.out.cpu().view(bits)).sum()) for ra, rb in zip(a, b))
+                d_pre = sum(int(((ra.pre_round.view(torch.int32) != rb.pre_round.cpu().view(torch.int32))
+                                 & ~(torch.isnan(ra.pre_round) & torch.isnan(rb.pre_round.cpu()))).sum()) for ra, rb in zip(a, b))
+                n_cmp += x.numel() * len(opts)
                 n_out += d_out
                 n_pre += d_pre
                 if (d_out or d_pre) and not first:

@@ -15,7 +15,8 @@ Default variant ``cuda`` (Model-Optimizer CUDA extension, FINDINGS §5), fp32 op
     1. s = RN(qmax / amax)            true IEEE division (tensor / tensor, never a CPU scalar)
     2. v = RN(x * s)
     3. r = rint(v)                    round half to even
-    4. q = clamp(r, lo, qmax)         NaN stays NaN; ±inf clamp to lo / qmax
+    4. q = clamp(r, lo, qmax)         only r < lo or r > qmax move: -0 stays -0, NaN stays NaN,
+                                      ±inf go to lo / qmax
     5. y = RN(q / s)                  true division
     6. out = RNE_dtype(y)             NaN -> canonical NaN (bf16 0x7FFF), see rounding.to_output_dtype
     amax < 2**-24  ->  out = +0 for every element (NaN inputs included).
@@ -50,7 +51,10 @@ from .rounding import fp32_scalar_like, to_output_dtype
 
 def _grid(lo: float, qmax: float):
     def grid_round(v: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(torch.round(v), lo, qmax)
+        # Not torch.clamp: with lo = 0 (unsigned) CPU clamp keeps -0.0 but CUDA's gives +0.0.
+        # Only values strictly outside [lo, qmax] move; -0.0 stays -0.0 and NaN stays NaN.
+        r = torch.round(v)
+        return torch.where(r < lo, torch.full((), lo, device=r.device), torch.where(r > qmax, torch.full((), qmax, device=r.device), r))
 
     return grid_round
 

@@ -7,9 +7,7 @@ import torch
 
 from reference.device_parity import compare_devices
 
-pytestmark = pytest.mark.gpu
-
-
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_reference_cpu_and_cuda_bits_identical():
     rows = compare_devices("cuda")
