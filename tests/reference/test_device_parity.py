@@ -23,8 +23,8 @@ def test_device_parity_detects_a_difference(monkeypatch):
 
     calls = {"n": 0}
 
-    def flip_second(x, amax, fmt, var):
-        r = real(x, amax, fmt, var)
+    def flip_second(x, amax, fmt, var, **opts):
+        r = real(x, amax, fmt, var, **opts)
         calls["n"] += 1
         if calls["n"] % 2 == 0:  # the "other device" call
             out = r.out.clone()
