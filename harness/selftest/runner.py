@@ -20,7 +20,7 @@ from harness.records import CheckRecord
 from .mutants import Mutant, build_mutants
 
 SELFTEST_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate")
-CONTROLS_BY_SUITE = {"ci": ("reference", "eager-loop"), "nightly": ("reference", "eager-loop", "triton")}
+CONTROLS_BY_SUITE = {"ci": ("reference", "eager-loop"), "nightly": ("triton",)}
 SUITE_FOR = {"smoke": "ci", "ci": "ci", "nightly": "nightly"}
 """Selftest suite used for a report suite: smoke reports run the fast ``ci`` selftest."""
 
