@@ -23,10 +23,14 @@ def test_plan_per_suite():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="checks the skip path of machines without 2 GPUs")
-def test_cuda_without_two_gpus_is_a_skipped_section():
+def test_cuda_without_two_gpus_runs_gloo_and_says_nccl_was_skipped(monkeypatch):
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this host has 2 GPUs: NCCL runs")
+    seen = []
+    monkeypatch.setattr(section, "run_plan", lambda plan, workdir: seen.append(plan.device) or [])
     sec = section.run("ci", 5, "cuda")
-    assert isinstance(sec, Section) and sec.verdict == "skip"
-    assert "at least 2 GPUs" in sec.rows[0].message
+    assert isinstance(sec, Section) and seen and set(seen) == {"cpu"}
+    assert "NCCL skipped" in sec.notes and "at least 2 GPUs" in sec.notes
 
 
 @pytest.mark.dist
