@@ -73,6 +73,8 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str) -> Section
         "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
         "elements": m.numel, "near_ties": m.near_tie,
     }
+    if m.declined:
+        fields["declined"] = " | ".join(m.declined)[:300]
     if m.errors:
         return SectionRow(rid, "fail", fields, repro, "backend raised: " + " | ".join(m.errors)[:400])
     if expected is not None and expected not in m.variant_names:

@@ -94,6 +94,11 @@ class TEBackend:
         if not ok:
             return False, why
         if fmt == "nvfp4":
+            major, minor = torch.cuda.get_device_capability()
+            if major < 10:
+                # measured on an H200 with TE 2.20.2: the probe below "runs", but the kernels print
+                # "FP4 cvt PTX instructions are architecture-specific" and return zeros
+                return False, f"TE's NVFP4 kernels need compute capability >= 10.0 (Blackwell); this GPU is {major}.{minor}"
             found = _te()[0]
             if "NVFP4Quantizer" not in found:
                 return False, "transformer_engine has no NVFP4Quantizer"
@@ -123,7 +128,7 @@ class TEBackend:
         with torch.no_grad():
             for w, a in zip(weights, split_expert_amax(weights, amax)):
                 if a.dim() != 0:
-                    raise ValueError(f"{self.name} quantizes per tensor: per-channel amax is not a TE recipe")
+                    raise NotImplementedError(f"{self.name} quantizes per tensor: per-channel amax is not a TE recipe")
                 if w.numel() == 0:
                     out.append(torch.empty_like(w))
                     continue

@@ -78,6 +78,8 @@ class CaseResult:
     near_tie: int
     variants: tuple[VariantResult, ...]
     error: str = ""
+    declined: str = ""
+    """The backend raised ``NotImplementedError`` (the contract's way to decline a case): not counted."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,10 @@ class FormatMatch:
     @property
     def errors(self) -> tuple[str, ...]:
         return tuple(f"{c.case}: {c.error}" for c in self.cases if c.error)
+
+    @property
+    def declined(self) -> tuple[str, ...]:
+        return tuple(f"{c.case}: {c.declined}" for c in self.cases if c.declined)
 
     def mismatches(self, variant: str) -> Optional[int]:
         """Total value mismatches against ``variant`` (``None`` if a case errored)."""
@@ -164,6 +170,8 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
     """Compare the backend with every reference variant on one case."""
     try:
         got = _run_backend(backend, case, fmt, options)
+    except NotImplementedError as exc:
+        return CaseResult(case.name, 0, 0, (), declined=f"{exc}"[:300])
     except Exception as exc:  # noqa: BLE001 - recorded, not swallowed: the row fails with it
         return CaseResult(case.name, case.numel, 0, (), error=f"{type(exc).__name__}: {exc}"[:500])
     results, ties = [], torch.zeros(case.numel, dtype=torch.bool)

@@ -84,3 +84,29 @@ def test_a_missing_expected_variant_fails_the_row(small_cases):
     row = variants_row(m, "no-such-variant", "repro")
     assert row.verdict == "fail" and "has no variant 'no-such-variant'" in row.message
     assert variants_row(m, "reciprocal", "repro").verdict == "pass"
+
+
+class PerTensorOnly(ReferenceVariant):
+    """Declines per-channel amax the contract's way (``NotImplementedError``), like TE's recipes."""
+
+    def fake_quant(self, weights, amax, fmt, **options):
+        if amax.dim() == 2:
+            raise NotImplementedError("per tensor only")
+        return super().fake_quant(weights, amax, fmt, **options)
+
+
+class PerChannelRaises(ReferenceVariant):
+    def fake_quant(self, weights, amax, fmt, **options):
+        if amax.dim() == 2:
+            raise ValueError("kernel exploded on per-channel amax")
+        return super().fake_quant(weights, amax, fmt, **options)
+
+
+def test_declined_cases_are_listed_not_failed_but_errors_fail(small_cases):
+    cases = small_cases("fp8_e4m3")
+    m = match_variants(PerTensorOnly("cuda"), "fp8_e4m3", cases=cases, cap=2)
+    assert m.declined and not m.errors and "cuda" in m.matched
+    row = variants_row(m, "cuda", "repro")
+    assert row.verdict == "pass" and "per tensor only" in row.fields["declined"]
+    bad = match_variants(PerChannelRaises("cuda"), "fp8_e4m3", cases=cases, cap=2)
+    assert bad.errors and variants_row(bad, "cuda", "repro").verdict == "fail"

@@ -73,9 +73,10 @@ def test_gpu_interpreter_and_reference_agree(gen: torch.Generator, tmp_path: Pat
     for i, job in enumerate(jobs):
         case = f"job{i}/{job['op']}/{job['fmt']}"
         gpu = _as_list(run(_on(job, "cuda")))
-        assert_same_bits(gpu, _as_list(interp[i]), case=case + "/gpu-vs-interpreter")
+        # reference first: when the interpreter disagrees, this says which side left the spec
         assert_same_bits(gpu, _reference(job), case=case + "/gpu-vs-cpu-reference")
         assert_same_bits(gpu, _reference(_on(job, "cuda")), case=case + "/gpu-vs-gpu-reference")
+        assert_same_bits(_as_list(interp[i]), _reference(job), case=case + "/interpreter-vs-cpu-reference")
 
 
 @pytest.mark.slow
