@@ -12,7 +12,8 @@
 # install: reassembles the core wheel, checks its sha256, installs the wheels with
 # pip --no-index --no-deps --target $TE_HOME/site, builds the PyTorch extension from the sdist
 # (--no-build-isolation, MAX_JOBS=16, no prebuilt-wheel download) and unzips it into the same
-# directory (pip refuses to install it there: transformer_engine/ already exists), then imports it.
+# directory with python -m zipfile (pip refuses to install it there: transformer_engine/ already exists;
+# the GPU image has no unzip), then imports it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TE_HOME=${TE_HOME:-/root/te}
@@ -55,7 +56,7 @@ install() {
   PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=${MAX_JOBS:-16} \
     python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$TE_HOME/dist" "$TE_HOME"/small/transformer_engine_torch-*.tar.gz
   echo "gpu_setup_te: extension built in $((SECONDS - t0)) s: $(ls "$TE_HOME/dist")"
-  unzip -o -q "$TE_HOME"/dist/transformer_engine_torch-*.whl -d "$SITE"
+  python3 -m zipfile -e "$TE_HOME"/dist/transformer_engine_torch-*.whl "$SITE"  # no unzip on the GPU image
   PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} python3 - <<'PY'
 import time
 t = time.time()
