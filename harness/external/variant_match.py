@@ -245,6 +245,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     results = []
     for fmt in args.fmt or sorted(backend.formats):
+        probe = getattr(backend, "format_available", None)
+        fok, fwhy = probe(fmt) if callable(probe) else (True, "")
+        if not fok:
+            print(f"{getattr(backend, 'name', args.backend)} {fmt}: not run here: {fwhy}")
+            continue
         opts = {"narrow_range": True} if args.narrow_range and fmt in ("int8", "int4") else {}
         m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
         print("\n".join(summary_lines(m, offenders=args.show)))
