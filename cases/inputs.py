@@ -30,9 +30,14 @@ DEFAULT_SEED = 1234
 """The global seed when none is given (CLI ``--seed``, pytest ``--parity-seed``)."""
 
 
+def seed_for_id(case_id: str, global_seed: int = DEFAULT_SEED) -> int:
+    """``(global_seed + crc32(case_id)) mod 2**63``: the one seed rule, for any string id."""
+    return (int(global_seed) + zlib.crc32(case_id.encode())) % (2**63)
+
+
 def case_seed(case: Case, global_seed: int = DEFAULT_SEED) -> int:
-    """``(global_seed + crc32(case.id)) mod 2**63``."""
-    return (int(global_seed) + zlib.crc32(case.id.encode())) % (2**63)
+    """``seed_for_id(case.id, global_seed)``."""
+    return seed_for_id(case.id, global_seed)
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,16 @@ FP8 blind to the amax differences at N=4 (both caught by the ``data/*_amax_diffe
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
 
 def case_seed(seed: int, case_id: str) -> int:
-    """``(seed + crc32(case_id)) mod 2**63`` (the ``cases.inputs.case_seed`` rule, for a string id)."""
-    return (int(seed) + zlib.crc32(case_id.encode())) % (2**63)
+    """The project's seed rule (``cases.inputs.seed_for_id``) for a MoE row id."""
+    from cases.inputs import seed_for_id
+
+    return seed_for_id(case_id, seed)
 
 
 @dataclass(frozen=True)
