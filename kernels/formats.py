@@ -1,8 +1,7 @@
 """Format constants and option parsing for the Triton kernels (host side).
 
-``kernels/`` may not import ``reference/`` outside the soft-gate fallback, so the few numbers the
-kernels need are restated here *once*; ``tests/kernels/test_formats.py`` asserts each equals its
-``reference.constants`` counterpart, so the two cannot drift apart.
+The format constants come from ``reference.constants`` (pure torch, the one place they are
+defined); only kernel-side codes and dtype maps are defined here.
 """
 
 from __future__ import annotations
@@ -11,16 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-FORMATS: tuple[str, ...] = ("int8", "int4", "fp8_e4m3", "nvfp4")
-FORMAT_BITS: dict[str, int] = {"int8": 8, "int4": 4}
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
-
-E4M3_MAX = 448.0  # 0x43E00000: largest finite E4M3 magnitude, 1.75 * 2**8
-E2M1_MAX = 6.0  # largest E2M1 magnitude, 1.5 * 2**2
-NVFP4_BLOCK = 16  # NVFP4 block length along the last dim (the only one the kernel implements)
-NVFP4_GLOBAL_SCALE_NUM = E4M3_MAX * E2M1_MAX  # 2688.0
-TINY_AMAX = 2.0**-24  # 5.96e-08: INT amax < TINY -> zeros; FP8 amax <= TINY -> treated as 1
-FP32_MAX = 3.4028234663852886e38  # 0x7F7FFFFF
+from reference.constants import (  # noqa: F401  (re-exported for the kernel modules)
+    E2M1_MAX,
+    E4M3_MAX,
+    FLOAT_DTYPES,
+    FORMAT_BITS,
+    FORMATS,
+    FP32_MAX,
+    NVFP4_BLOCK,
+    NVFP4_GLOBAL_SCALE_NUM,
+    TINY_AMAX,
+    int_bounds,
+)
 
 DEFAULT_VARIANTS: dict[str, str] = {"int8": "cuda", "int4": "cuda", "fp8_e4m3": "cuda", "nvfp4": "te"}
 """The reference variant each kernel format reproduces bit for bit."""
@@ -36,14 +37,6 @@ BITS_DTYPE: dict[torch.dtype, torch.dtype] = {
     torch.float32: torch.int32,
 }
 """Integer dtype of the same width: the kernels move raw bits and round with integer ops."""
-
-
-def int_bounds(num_bits: int, *, unsigned: bool, narrow_range: bool) -> tuple[float, float]:
-    """``(lo, qmax)`` of the INT grid: qmax = 2**(b-1)-1 signed, 2**b-1 unsigned; lo = 0 / -qmax / -qmax-1."""
-    qmax = float(2 ** (num_bits - 1 + int(unsigned)) - 1)
-    if unsigned:
-        return 0.0, qmax
-    return (-qmax if narrow_range else -qmax - 1.0), qmax
 
 
 @dataclass(frozen=True)

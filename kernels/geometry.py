@@ -11,6 +11,8 @@ from typing import Sequence
 
 import torch
 
+from reference.granularity import check_input
+
 from .formats import FLOAT_DTYPES
 
 MAX_EXPERTS = 65535  # CUDA grid y-dimension limit: experts are program_id(1)
@@ -71,13 +73,8 @@ def check_expert_list(weights: Sequence[torch.Tensor], what: str = "weights") ->
 
 
 def check_stacked(x: torch.Tensor, what: str = "x") -> None:
-    """Validate a single (stacked) tensor: float dtype, >= 1-D, contiguous."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{what} dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
-    if x.dim() < 1:
-        raise ValueError(f"{what} must have at least 1 dimension, got shape {tuple(x.shape)}")
+    """Validate a single (stacked) tensor: the reference's input rules, plus contiguity."""
+    check_input(x)
     if not x.is_contiguous():
         raise ValueError(f"{what} is not contiguous (strides {x.stride()}); pass x.contiguous()")
 
