@@ -1,11 +1,6 @@
-"""Root pytest configuration: puts the repo on sys.path and loads the harness plugin
-(options, markers' skip reasons, seeds, Hypothesis profiles, the --parity-report collector)."""
+"""Root pytest configuration of this repository's own test suite.
 
-from __future__ import annotations
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-pytest_plugins = ["harness.pytest_plugin"]
+The harness plugin (options, markers, seeds, Hypothesis profiles, ``--parity-report``) is loaded by
+the ``pytest11`` entry point of the installed ``moe-fq-parity`` distribution, here as in any other
+project that installs it; nothing needs to be listed here.
+"""

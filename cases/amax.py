@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from reference import max_calibrate
-from reference.constants import TINY_AMAX
+from moe_fq_parity.reference import max_calibrate
+from moe_fq_parity.reference.constants import TINY_AMAX
 
 if TYPE_CHECKING:
     from .case import Case

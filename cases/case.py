@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from reference import FORMATS, variants
+from moe_fq_parity.reference import FORMATS, variants
 
 GRANULARITIES = ("per_expert", "per_channel")
 LAYOUTS = ("list", "stacked", "ragged")

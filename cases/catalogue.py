@@ -17,7 +17,7 @@ import fnmatch
 from itertools import product
 from typing import Callable, Iterable
 
-from reference import FORMATS, variants
+from moe_fq_parity.reference import FORMATS, variants
 
 from .case import Case
 from .shapes import NEMOTRON, NEMOTRON_EXPERTS, N_VALUES, ODD_SHAPES, ULTRA_PRODUCTION

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from reference.constants import E2M1_MAX, NVFP4_BLOCK
-from reference.rounding import exact_pow2
+from moe_fq_parity.reference.constants import E2M1_MAX, NVFP4_BLOCK
+from moe_fq_parity.reference.rounding import exact_pow2
 
 from .grids import e4m3_midpoints, grid_points, midpoints, scale_numerator
 

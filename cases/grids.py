@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from reference.constants import E4M3_MAX, NVFP4_GLOBAL_SCALE_NUM, int_bounds
-from reference.rounding import round_to_e2m1, round_to_e4m3
+from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_GLOBAL_SCALE_NUM, int_bounds
+from moe_fq_parity.reference.rounding import round_to_e2m1, round_to_e4m3
 
 _INT_BITS = {"int8": 8, "int4": 4}
 

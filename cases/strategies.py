@@ -18,7 +18,7 @@ from typing import Iterable, Optional, Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from reference import FORMATS, variants
+from moe_fq_parity.reference import FORMATS, variants
 
 from .case import AMAX_POLICIES, DTYPES, GRANULARITIES, LAYOUTS, Case
 from .distributions import DISTRIBUTIONS

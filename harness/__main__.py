@@ -1,7 +1,7 @@
-"""``python -m harness``: see ``harness.cli``."""
+"""``python -m moe_fq_parity.harness``: see ``harness.run.cli``."""
 
 import sys
 
-from harness.cli import main
+from moe_fq_parity.harness.run.cli import main
 
 sys.exit(main())

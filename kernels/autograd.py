@@ -20,7 +20,7 @@ from .geometry import check_expert_list, expert_matrix_shape
 
 
 def _reference():
-    import reference  # soft-gate fallback only
+    from moe_fq_parity import reference  # soft-gate fallback only
 
     return reference
 

@@ -1,4 +1,4 @@
-"""Benchmark: ``python -m kernels.bench --out DIR [--quick] [--sweep]`` (needs a CUDA device).
+"""Benchmark: ``python -m moe_fq_parity.kernels.bench --out DIR [--quick] [--sweep]`` (needs a CUDA device).
 
 In one run: device copy bandwidth; then per case (N experts of one Nemotron-3 routed-expert shape,
 bf16, list layout) the kernel forward for every format and the clipped backward, the per-expert
@@ -128,7 +128,7 @@ class KernelRunner:
 
 
 def _matches_reference(fmt: str, ws: list[torch.Tensor], amax: torch.Tensor, outs: list[torch.Tensor]) -> bool:
-    import reference
+    from moe_fq_parity import reference
 
     idx = sorted({0, len(ws) - 1})
     want = reference.fake_quant_experts([ws[i] for i in idx], amax[idx], fmt)
@@ -156,7 +156,7 @@ def _api_ms(fn: Callable[[], object]) -> float:
 
 
 def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None) -> CaseResult:
-    import reference
+    from moe_fq_parity import reference
 
     from . import api
 
@@ -197,7 +197,7 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
 
 
 def _bwd_matches(ws, amax, grads) -> bool:
-    import reference
+    from moe_fq_parity import reference
 
     from . import api
 
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacked-max-gb", type=float, default=6.0, help="skip the stacked eager reference above this")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("kernels.bench needs a CUDA device")
+        raise SystemExit("moe_fq_parity.kernels.bench needs a CUDA device")
     import triton
 
     t0 = time.time()

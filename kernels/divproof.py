@@ -1,6 +1,6 @@
 """Exhaustive check that the INT dequantization ``y = RN(q / s)`` formulas of the kernel are exact.
 
-``python -m kernels.divproof`` checks, for every fp32 mantissa of ``s`` (all 2**23 values of ``s`` in
+``python -m moe_fq_parity.kernels.divproof`` checks, for every fp32 mantissa of ``s`` (all 2**23 values of ``s`` in
 [1, 2)) and every odd integer ``m`` in 1..127, that
 
 * ``markstein``: ``y0 = RN(m*r); rho = fma(-y0, s, m); y = fma(rho, r, y0)`` with ``r = RN(1/s)``

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.constants import (  # noqa: F401  (re-exported for the kernel modules)
+from moe_fq_parity.reference.constants import (  # noqa: F401  (re-exported for the kernel modules)
     E2M1_MAX,
     E4M3_MAX,
     FLOAT_DTYPES,

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from reference.granularity import check_input
+from moe_fq_parity.reference.granularity import check_input
 
 from .formats import FLOAT_DTYPES
 

@@ -47,7 +47,7 @@ class KernelConfig:
     when the problem is small (``geometry.tiles_per_program``)."""
 
 
-# Fastest of `python -m kernels.bench --sweep` at the Ultra production case on an H200 (2 runs;
+# Fastest of `python -m moe_fq_parity.kernels.bench --sweep` at the Ultra production case on an H200 (2 runs;
 # differences under ~2% are run-to-run noise): INT 4096x4w/4 tiles 92.4%, FP8 2048x4w/8 93.7%,
 # NVFP4 2048x4w/8 78.7% (integer block reciprocal: 42%), backward 8192x8w/2 95.3% of copy bandwidth.
 FWD_CONFIG: dict[int, KernelConfig] = {

@@ -146,7 +146,7 @@ class QuantGroupedLinear(nn.Module):
             self._calibrating = False
 
     def _observe_weights(self) -> None:
-        from reference import max_calibrate, update_running_amax  # soft-gate path only
+        from moe_fq_parity.reference import max_calibrate, update_running_amax  # soft-gate path only
 
         gran = "per_channel" if self.per_channel else "per_tensor"
         with torch.no_grad():

@@ -200,7 +200,7 @@ def int_dequant_magnitude(m, s2, r2, EXACT_FMA: tl.constexpr):
 
     ``EXACT_FMA``: Markstein's correction ``y0 = RN(m*r2); rho = fma(-y0, s2, m);
     y = fma(rho, r2, y0)``: 3 instructions, checked equal to the correctly rounded quotient for every
-    fp32 mantissa of ``s2`` and every ``m`` (``python -m kernels.divproof``).
+    fp32 mantissa of ``s2`` and every ``m`` (``python -m moe_fq_parity.kernels.divproof``).
     Otherwise (an interpreter whose ``tl.fma`` rounds twice): the fp64 quotient rounded to fp32,
     exact because ``m/s2`` lies at least ``2**-49`` (relative) away from every fp32 midpoint while
     the fp64 quotient is within ``2**-53`` of it (also checked by ``kernels.divproof``).

@@ -1,4 +1,4 @@
-"""Is the reference bit-identical on CPU and on another device?  ``python -m reference.device_parity``.
+"""Is the reference bit-identical on CPU and on another device?  ``python -m moe_fq_parity.reference.device_parity``.
 
 Runs every format and variant over every bf16 bit pattern (for a sweep of amax values, per tensor)
 and over seeded random stacked weights (per expert and per channel, fp16/fp32 too) on the CPU and on

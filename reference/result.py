@@ -17,7 +17,7 @@ class FakeQuantResult:
       rounding (``x*s`` for INT/FP8, ``x*encode_scale`` for NVFP4).  A kernel whose scale
       differs by one fp32 ulp lands in another bin only where this value is near a tie.
     * ``grid_round``: the rounding applied to ``pre_round`` (fp32 -> fp32 grid value),
-      used to decide whether a mismatch is a *tie flip* (see ``harness.ulp``).
+      used to decide whether a mismatch is a *tie flip* (see ``harness.core.ulp``).
     """
 
     out: torch.Tensor

@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from harness.records import CHECKS
+from moe_fq_parity.harness.core.records import CHECKS
 
 from .plots import bandwidth_vs_n_png, hist_labels, ulp_histogram_png
 

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from harness.ulp import HIST_EDGES  # noqa: E402
+from moe_fq_parity.harness.core.ulp import HIST_EDGES  # noqa: E402
 
 
 def hist_labels() -> list[str]:

@@ -1,6 +1,6 @@
 """Render a report's HTML in headless Chromium and save a PNG screenshot (to look at it).
 
-``python -m reports.render parity-report/report.html [--out shot.png] [--width 1400] [--height 3000]``
+``python -m moe_fq_parity.reports.render parity-report/report.html [--out shot.png] [--width 1400] [--height 3000]``
 
 Uses Debian's ``chromium`` (``apt-get install -y chromium``) with a fresh profile, no network
 services, no sandbox (root in containers) and no GPU.  Exit status 0 when the screenshot was written.
@@ -43,7 +43,7 @@ def screenshot(html: Path, out: Path, *, width: int = 1400, height: int = 3000, 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reports.render", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m moe_fq_parity.reports.render", description=__doc__.splitlines()[0])
     p.add_argument("html", type=Path)
     p.add_argument("--out", type=Path, default=None, help="PNG path (default: next to the HTML, .png)")
     p.add_argument("--width", type=int, default=1400)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from harness.contract import backend_available, backend_device, check_backend
+from moe_fq_parity.harness.core.contract import backend_available, backend_device, check_backend
 
 from .eager_loop import EagerLoopBackend
 from .external import BackendLoadError, load_external

@@ -10,8 +10,8 @@ from typing import Sequence
 
 import torch
 
-import reference
-from reference import FORMATS
+from moe_fq_parity import reference
+from moe_fq_parity.reference import FORMATS
 
 
 class EagerLoopBackend:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from harness.contract import ContractError, check_backend
+from moe_fq_parity.harness.core.contract import ContractError, check_backend
 
 
 class BackendLoadError(Exception):

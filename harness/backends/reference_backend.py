@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-import reference
-from reference import FORMATS
+from moe_fq_parity import reference
+from moe_fq_parity.reference import FORMATS
 
 
 def _stackable(weights: Sequence[torch.Tensor]) -> bool:

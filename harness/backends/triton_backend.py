@@ -5,7 +5,7 @@
 ``kernels.ste_backward_experts(weights, amax, grads, mode)``, ``kernels.fake_quant(x, amax, fmt,
 variant=None, **options)`` (stacked ``[N, out, in]``), ``kernels.FORMATS`` and ``kernels.variants(fmt)``; a missing optional entry point raises
 ``NotImplementedError``, which the checks record as *skipped* with that reason.
-Without CUDA it runs under the Triton interpreter (``harness.triton_env.prepare`` sets
+Without CUDA it runs under the Triton interpreter (``harness.core.triton_env.prepare`` sets
 ``TRITON_INTERPRET=1`` unless triton was imported already).  Anything missing makes the backend *unavailable with the reason*, never passed.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from reference import FORMATS
+from moe_fq_parity.reference import FORMATS
 
-from harness.triton_env import prepare
+from moe_fq_parity.harness.core.triton_env import prepare
 
 REQUIRED = "fake_quant_experts"
 

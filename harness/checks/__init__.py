@@ -1,4 +1,4 @@
-"""The checks: each returns a frozen ``CheckRecord`` (see ``harness.records``).
+"""The checks: each returns a frozen ``CheckRecord`` (see ``harness.core.records``).
 
 ``run_case_checks`` runs the selected checks of one backend on one case, in ``CHECKS`` order, sharing
 the reference's expected values between backends through ``expected``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from harness.records import CHECKS, CheckRecord
+from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 
 from .backward import check_backward
 from .common import CheckContext, record

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import torch
 
-import reference
-from reference import split_expert_amax
+from moe_fq_parity import reference
+from moe_fq_parity.reference import split_expert_amax
 
-from harness.ulp import CLASSES, Comparison, bits_equal, compare, ulp_distance
+from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, ulp_distance
 
 from .common import (
     CheckContext, call_backend, call_options, mismatch_message, not_run_reason, offenders_of, problems_of, record, summarize,
@@ -22,7 +22,7 @@ from .common import (
 
 
 def _bitwise(expected: torch.Tensor, got: torch.Tensor) -> Comparison:
-    """``harness.ulp.compare`` re-classified bitwise: any bit difference is an ``error``."""
+    """``harness.core.ulp.compare`` re-classified bitwise: any bit difference is an ``error``."""
     comp = compare(expected, got)
     differ = torch.nonzero(~bits_equal(expected, got.to(expected.device)).reshape(-1)).reshape(-1)
     ulp = torch.where(torch.isfinite(expected.reshape(-1)[differ]) & torch.isfinite(got.reshape(-1)[differ].to(expected.device)),

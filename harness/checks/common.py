@@ -7,12 +7,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from cases import CaseInputs
-from harness.backends import LoadedBackend
-from harness.guard import Call, guarded, output_problems
-from harness.records import CheckRecord, ExpertStats, Offender
-from harness.repro import repro_command
-from harness.ulp import CLASSES, HIST_EDGES, Comparison
+from moe_fq_parity.cases import CaseInputs
+from moe_fq_parity.harness.backends import LoadedBackend
+from moe_fq_parity.harness.core.guard import Call, guarded, output_problems
+from moe_fq_parity.harness.core.records import CheckRecord, ExpertStats, Offender
+from moe_fq_parity.harness.core.repro import repro_command
+from moe_fq_parity.harness.core.ulp import CLASSES, HIST_EDGES, Comparison
 
 MAX_OFFENDERS = 10
 """How many offenders a record keeps (the first, in expert/row/col order)."""
@@ -37,7 +37,7 @@ class CheckContext:
 
 def call_options(case) -> dict[str, Any]:
     """Backend keyword options of ``case``: its options, plus ``variant`` when it is not the default."""
-    from reference import default_variant
+    from moe_fq_parity.reference import default_variant
 
     opts = dict(case.option_dict)
     if case.variant != default_variant(case.fmt):

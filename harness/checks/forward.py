@@ -1,6 +1,6 @@
 """Forward parity: the backend's fake quant against the reference, per case and per expert.
 
-Verdicts (``harness.tolerances``): ``strict`` -- every element exact; ``1-ulp`` -- within one output
+Verdicts (``harness.core.tolerances``): ``strict`` -- every element exact; ``1-ulp`` -- within one output
 ULP.  Tie flips (a one-step disagreement where the reference's pre-rounding value sits at a tie) are
 counted apart and fail under both modes.  Where the spec rejects an input (NVFP4 NaN), the backend
 must reject it too.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import reference
-from reference import FakeQuantResult, split_expert_amax
+from moe_fq_parity import reference
+from moe_fq_parity.reference import FakeQuantResult, split_expert_amax
 
-from harness.ulp import compare
+from moe_fq_parity.harness.core.ulp import compare
 
 from .common import (
     CheckContext, call_backend, call_options, mismatch_message, not_run_reason, offenders_of, problems_of, record,

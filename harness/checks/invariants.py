@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from harness.ulp import CLASSES
+from moe_fq_parity.harness.core.ulp import CLASSES
 
 from .common import CheckContext, call_backend, call_options, not_run_reason, offenders_of, problems_of, record, summarize
 from .backward import _bitwise

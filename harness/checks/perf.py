@@ -9,7 +9,7 @@ import statistics
 
 import torch
 
-from harness.records import Perf
+from moe_fq_parity.harness.core.records import Perf
 
 from .common import CheckContext, call_backend, call_options, record
 
@@ -23,7 +23,7 @@ def check_perf(ctx: CheckContext, forward_verdict: str, *, reps: int = 10):
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     opts = call_options(case)
     device = torch.device(ctx.backend.device or "cpu")
-    from harness.timing import time_call
+    from moe_fq_parity.harness.core.timing import time_call
 
     # A stacked case is timed through the backend's stacked entry point when it has one (the
     # production call for a grouped [N, out, in] weight); otherwise through the list contract.

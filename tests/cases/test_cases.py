@@ -10,11 +10,11 @@ import torch
 from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
-import reference
-from cases import Case, case_seed, make_inputs, marks, select, suite
-from cases.shapes import NEMOTRON
-from cases.strategies import cases as case_strategy
-from harness.ulp import near_tie
+from moe_fq_parity import reference
+from moe_fq_parity.cases import Case, case_seed, make_inputs, marks, select, suite
+from moe_fq_parity.cases.shapes import NEMOTRON
+from moe_fq_parity.cases.strategies import cases as case_strategy
+from moe_fq_parity.harness.core.ulp import near_tie
 
 
 def _case(**kw) -> Case:

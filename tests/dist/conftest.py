@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.dist.checks import Verdict
-from harness.dist.layout import matrix_layouts
-from harness.dist.matrix import DistPlan, run_plan
+from moe_fq_parity.harness.sections.dist.checks import Verdict
+from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
+from moe_fq_parity.harness.sections.dist.matrix import DistPlan, run_plan
 
 from . import probes
 
@@ -56,7 +56,7 @@ def _compute(seed: int, workdir: Path) -> DistRun:
 @pytest.fixture(scope="session")
 def dist_seed(request: pytest.FixtureRequest) -> int:
     """The parity plugin's seed when it is loaded, else ``PARITY_SEED``, else 1234."""
-    if request.config.pluginmanager.hasplugin("harness.pytest_plugin"):
+    if request.config.pluginmanager.hasplugin("moe_fq_parity.harness.run.pytest_plugin"):
         return request.getfixturevalue("parity_settings").seed
     return int(os.environ.get("PARITY_SEED", DEFAULT_SEED))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.dist.launch import pack, unpack
+from moe_fq_parity.harness.sections.dist.launch import pack, unpack
 
 from .probes import PROBES
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.dist.layout import matrix_layouts
-from harness.dist.quant import QUANT_FORMATS
-from harness.dist.shards import QLAYOUTS
+from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
+from moe_fq_parity.harness.sections.dist.quant import QUANT_FORMATS
+from moe_fq_parity.harness.sections.dist.shards import QLAYOUTS
 
 from .conftest import MAX_WORLD
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.dist.engines import MegatronEngine
-from harness.dist.layout import matrix_layouts
-from harness.dist.matrix import DistPlan, run_plan
+from moe_fq_parity.harness.sections.dist.engines import MegatronEngine
+from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
+from moe_fq_parity.harness.sections.dist.matrix import DistPlan, run_plan
 
 pytestmark = [
     pytest.mark.dist,

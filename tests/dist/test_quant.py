@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.dist.quant import block_scales, buffer_tp_axis, calibrate, needs_tp_sync, quant_format, sync_tp
-from reference.rounding import round_to_e4m3
+from moe_fq_parity.harness.sections.dist.quant import block_scales, buffer_tp_axis, calibrate, needs_tp_sync, quant_format, sync_tp
+from moe_fq_parity.reference.rounding import round_to_e4m3
 
 
 @pytest.mark.parametrize(

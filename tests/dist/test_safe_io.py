@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from harness.dist import safe_io
-from harness.dist.bad_inputs import _CallsPrint, _cut
-from harness.dist.safe_io import (
+from moe_fq_parity.harness.sections.dist import safe_io
+from moe_fq_parity.harness.sections.dist.bad_inputs import _CallsPrint, _cut
+from moe_fq_parity.harness.sections.dist.safe_io import (
     CheckpointCorruptError,
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -23,7 +23,7 @@ from harness.dist.safe_io import (
     read_metadata,
     save_full,
 )
-from harness.ulp import bits_equal
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 TENSORS = {
     "w": (torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 3).bfloat16(),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-import reference
-from harness.external.match_cases import build_cases
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.external.match_cases import build_cases
 
 TEST_SIZES = {"n_ties": 40, "n_split": 1}
 """Small near-tie and splitting sets: enough to separate every variant, fast on two cores."""
@@ -19,7 +19,7 @@ TEST_SIZES = {"n_ties": 40, "n_split": 1}
 @pytest.fixture(scope="session")
 def modelopt_eager():
     """The ``modelopt-eager`` backend, or a skip naming why it cannot run."""
-    from harness.external.modelopt_backend import modelopt_eager
+    from moe_fq_parity.harness.sections.external.modelopt_backend import modelopt_eager
 
     ok, why = modelopt_eager.available()
     if not ok:

@@ -18,11 +18,11 @@ import math
 import pytest
 import torch
 
-from harness.contract import check_backend
-from harness.external.checks import calibration_rows, ste_rows
-from harness.external.modelopt_backend import modelopt
-from harness.external.variant_match import match_variants
-from reference.constants import E4M3_MAX, TINY_AMAX
+from moe_fq_parity.harness.core.contract import check_backend
+from moe_fq_parity.harness.sections.external.checks import calibration_rows, ste_rows
+from moe_fq_parity.harness.sections.external.modelopt_backend import modelopt
+from moe_fq_parity.harness.sections.external.variant_match import match_variants
+from moe_fq_parity.reference.constants import E4M3_MAX, TINY_AMAX
 
 from .conftest import ReferenceVariant
 

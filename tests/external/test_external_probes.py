@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
-from harness.external import probes
-from harness.ulp import near_tie
-from reference.constants import TINY_AMAX
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.external import probes
+from moe_fq_parity.harness.core.ulp import near_tie
+from moe_fq_parity.reference.constants import TINY_AMAX
 
 
 def test_all_bf16_is_every_pattern_once_in_bit_order():

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import reference
-from harness.external import section
-from harness.external.modelopt_backend import ModeloptBackend
-from harness.sections import SECTION_RUNNERS
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.external import section
+from moe_fq_parity.harness.sections.external.modelopt_backend import ModeloptBackend
+from moe_fq_parity.harness.sections import SECTION_RUNNERS
 
 EAGER_FP8 = ModeloptBackend("eager")
 EAGER_FP8.formats = {"fp8_e4m3"}
@@ -24,12 +24,12 @@ def tiny_suite(monkeypatch):
 
 
 def test_the_runner_is_registered():
-    assert SECTION_RUNNERS["external"] == "harness.external.section:run"
+    assert SECTION_RUNNERS["external"] == "moe_fq_parity.harness.sections.external.section:run"
 
 
 def test_backends_that_cannot_run_are_skipped_with_their_reason(monkeypatch, tiny_suite):
-    monkeypatch.setattr(section, "BACKENDS", {"modelopt": "harness.external.modelopt_backend:modelopt",
-                                              "te": "harness.external.te_backend:te"})
+    monkeypatch.setattr(section, "BACKENDS", {"modelopt": "moe_fq_parity.harness.sections.external.modelopt_backend:modelopt",
+                                              "te": "moe_fq_parity.harness.sections.external.te_backend:te"})
     s = section.run(tiny_suite, 0, "cuda" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():
         pytest.skip("this test pins the CPU-only behaviour")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.contract import check_backend
-from harness.external.te_backend import _require_calibrated, te, te_current
+from moe_fq_parity.harness.core.contract import check_backend
+from moe_fq_parity.harness.sections.external.te_backend import _require_calibrated, te, te_current
 
 
 def test_te_backends_meet_the_contract():

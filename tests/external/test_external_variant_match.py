@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
-from harness.external.match_cases import make_case
-from harness.external.section import variants_row
-from harness.external.variant_match import match_variants
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.external.match_cases import make_case
+from moe_fq_parity.harness.sections.external.section import variants_row
+from moe_fq_parity.harness.sections.external.variant_match import match_variants
 
 from .conftest import ReferenceVariant
 

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-import reference
-from reference import FORMATS, split_expert_amax
+from moe_fq_parity import reference
+from moe_fq_parity.reference import FORMATS, split_expert_amax
 
 
 class _Base:

@@ -1,6 +1,6 @@
 """Section runners for the report tests (``harness.sections`` interface)."""
 
-from harness.sections import Section, SectionRow
+from moe_fq_parity.harness.sections import Section, SectionRow
 
 
 def passing(suite: str, seed: int, device: str) -> Section:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cases import Case, make_inputs
-from harness.backends import BackendLoadError, load
-from harness.checks import CheckContext, run_case_checks
-from harness.records import CheckRecord
+from moe_fq_parity.cases import Case, make_inputs
+from moe_fq_parity.harness.backends import BackendLoadError, load
+from moe_fq_parity.harness.checks import CheckContext, run_case_checks
+from moe_fq_parity.harness.core.records import CheckRecord
 
 BROKEN = "tests.harness.broken_backends"
 
@@ -94,7 +94,7 @@ def test_not_implemented_is_a_skip_with_reason():
         def fake_quant(self, weights, amax, fmt, **options):
             raise NotImplementedError("no such variant here")
 
-    import harness.backends as hb
+    from moe_fq_parity.harness import backends as hb
 
     lb = hb.LoadedBackend("partial", Partial(), True, "", "cpu")
     rec = run_case_checks(CheckContext(lb, make_inputs(_case()), 1), ["forward"])[0]
@@ -110,7 +110,7 @@ def test_refusing_an_option_is_a_skip_but_refusing_a_default_call_fails():
         def fake_quant(self, weights, amax, fmt, **options):
             raise ValueError(f"not implemented: {sorted(options)}")
 
-    import harness.backends as hb
+    from moe_fq_parity.harness import backends as hb
 
     lb = hb.LoadedBackend("only-defaults", OnlyDefaults(), True, "", "cpu")
     opt = _case(fmt="nvfp4", variant="te", shape=(8, 64), options=(("block_size", 32),))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from reports.schema import validate
+from moe_fq_parity.harness.run.cli import main
+from moe_fq_parity.reports.schema import validate
 
 REPO = Path(__file__).resolve().parents[2]
 BROKEN = "tests.harness.broken_backends"
@@ -27,8 +28,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, dict]:
 
 def test_default_run_works_from_a_fresh_directory(tmp_path):
     """Defaults: suite smoke, all built-in backends, ./parity-report (sections are other modules' cost)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--no-sections"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(Path(sys.executable).with_name("moe-fq-parity")), "run", "--no-sections"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "parity smoke" in proc.stderr  # the progress bar
     report = json.loads((tmp_path / "parity-report" / "report.json").read_text())
@@ -42,9 +42,10 @@ def test_failing_backend_exits_nonzero_and_repro_reruns_the_case(tmp_path):
     rc, report = _run(tmp_path, "--backend", f"{BROKEN}:OneUlpHigh", "--case", ONE, "--checks", "forward")
     assert rc == 1 and report["records"][0]["verdict"] == "fail"
     repro = report["records"][0]["repro"]
-    args = repro.split()[3:]
+    assert repro.startswith("moe-fq-parity run ")
+    args = shlex.split(repro)[1:]
     assert args[0] == "run" and "--case" in args
-    rc2 = main([a.strip("'") for a in args] + ["--no-progress", "--no-sections", "--out", str(tmp_path / "again")])
+    rc2 = main(args + ["--no-progress", "--no-sections", "--out", str(tmp_path / "again")])
     again = json.loads((tmp_path / "again" / "report.json").read_text())
     assert rc2 == 1 and again["records"][0]["key"] == report["records"][0]["key"] and again["records"][0]["counts"] == report["records"][0]["counts"]
 
@@ -62,7 +63,7 @@ def test_explicit_unavailable_backend_is_not_a_pass(tmp_path):
 
 
 def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
-    import harness.runner as runner
+    from moe_fq_parity.harness.run import runner as runner
 
     calls = {"n": 0}
     real = runner.run_case_checks
@@ -104,7 +105,7 @@ def test_compare_flags_regressions(tmp_path, capsys):
 
 
 def test_compare_flags_slowdown(tmp_path):
-    from harness.compare import diff_reports
+    from moe_fq_parity.harness.run.diff import diff_reports
 
     perf = {"time_us": 100.0, "gbps": 1.0, "pct_of_copy": None, "timer": "perf_counter", "samples_us": [100.0], "bytes_moved": 100}
     rec = {"key": "k", "verdict": "pass", "counts": {"exact": 1}, "perf": perf, "max_ulp": 0, "message": ""}
@@ -125,7 +126,7 @@ def test_baseline_regression_fails_the_run(tmp_path):
 
 
 def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch):
-    import harness.section_runner as sr
+    from moe_fq_parity.harness import sections as sr
 
     monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "bad": "tests.harness.fake_sections:failing",
                                                 "gone": "tests.harness.no_such_module:run"})

@@ -1,6 +1,6 @@
 """Hypothesis fuzzing: generated small cases, every available backend against the reference.
 
-Profiles (``harness.hypothesis_profiles``): ``ci`` derandomized and bounded (default), ``nightly`` many
+Profiles (``harness.run.hypothesis_profiles``): ``ci`` derandomized and bounded (default), ``nightly`` many
 random examples, ``dev``.  A failure prints the reproduce blob, the case id, the seed and the repro.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, note
 
-from cases import make_inputs
-from cases.strategies import cases
-from harness.backends import load
-from harness.checks import CheckContext, run_case_checks
+from moe_fq_parity.cases import make_inputs
+from moe_fq_parity.cases.strategies import cases
+from moe_fq_parity.harness.backends import load
+from moe_fq_parity.harness.checks import CheckContext, run_case_checks
 
 pytestmark = pytest.mark.fuzz
 SEED = 99

@@ -1,4 +1,4 @@
-"""The parity checks as parametrized tests: case ids x backends (``harness.pytest_plugin``).
+"""The parity checks as parametrized tests: case ids x backends (``harness.run.pytest_plugin``).
 
 ``pytest tests/harness/test_parity.py`` runs the ``ci`` suite; ``-m slow`` the larger cases;
 ``--parity-report DIR`` writes the JSON/HTML report of every check.
@@ -6,7 +6,7 @@
 
 import pytest
 
-from harness.pytest_plugin import assert_record
+from moe_fq_parity.harness.run.pytest_plugin import assert_record
 
 
 @pytest.mark.parametrize("check", ["forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped"])

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reports.schema import validate
+from moe_fq_parity.reports.schema import validate
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", *args],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

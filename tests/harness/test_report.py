@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from harness.records import CheckRecord, Offender
-from harness.section_runner import run_section
-from reports.html import render_html
-from reports.render import find_browser, screenshot
-from reports.schema import validate
-from reports.writer import ReportWriter, atomic_write_text
+from moe_fq_parity.harness.core.records import CheckRecord, Offender
+from moe_fq_parity.harness.sections import run_section
+from moe_fq_parity.reports.html import render_html
+from moe_fq_parity.reports.render import find_browser, screenshot
+from moe_fq_parity.reports.schema import validate
+from moe_fq_parity.reports.writer import ReportWriter, atomic_write_text
 
 EVIL = '<script>alert("x")</script>'
 
@@ -32,7 +32,7 @@ def _record(**kw) -> dict:
 
 
 def test_report_is_valid_escaped_and_has_real_pictures(tmp_path):
-    from harness.records import Perf
+    from moe_fq_parity.harness.core.records import Perf
 
     w = ReportWriter(tmp_path, _meta())
     perf = Perf(time_us=10.0, gbps=50.0, pct_of_copy=50.0, timer="perf_counter", samples_us=(10.0,), bytes_moved=500)

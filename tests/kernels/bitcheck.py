@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from harness.ulp import bits_equal, ulp_distance
+from moe_fq_parity.harness.core.ulp import bits_equal, ulp_distance
 
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 AMAX_MODES = ("max", "below", "above", "odd", "tiny", "edge", "zero")

@@ -27,7 +27,7 @@ def device() -> str:
 
 def _global_seed(config: pytest.Config) -> int:
     """The parity plugin's seed when it is loaded, else ``PARITY_SEED`` or ``cases.DEFAULT_SEED``."""
-    from cases import DEFAULT_SEED
+    from moe_fq_parity.cases import DEFAULT_SEED
 
     option = config.getoption("parity_seed", default=None)
     return int(option if option is not None else os.environ.get("PARITY_SEED", DEFAULT_SEED))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from moe_fq_parity import kernels
 
 
 def run(job: dict) -> list[torch.Tensor] | torch.Tensor:

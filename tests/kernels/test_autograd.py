@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-import reference
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
 
 from .bitcheck import assert_same_bits, expert_weights
 

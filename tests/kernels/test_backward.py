@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-import reference
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
 
@@ -42,8 +42,8 @@ def test_clipped_stacked_matches_reference(gen: torch.Generator, device: str) ->
 
 
 def test_clipped_with_many_small_tiles(gen: torch.Generator, device: str) -> None:
-    from kernels import launch
-    from kernels.amax import amax_for_list
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
 
     ws = [w.to(device) for w in expert_weights(gen, [(6, 50), (6, 17), (6, 0)], torch.bfloat16)]
     amax = amax_stack(ws, ["below", "odd", "max"], per_channel=True).to(device)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-import reference
-from kernels.geometry import MAX_EXPERTS, choose_tile, grid_for, tiles_per_program, with_tpp
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
+from moe_fq_parity.kernels.geometry import MAX_EXPERTS, choose_tile, grid_for, tiles_per_program, with_tpp
 
 from .bitcheck import assert_same_bits
 

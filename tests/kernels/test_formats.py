@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import reference
-from kernels import fwd_kernel
-from kernels import formats as K
-from reference import constants as R
+from moe_fq_parity import reference
+from moe_fq_parity.kernels import fwd_kernel
+from moe_fq_parity.kernels import formats as K
+from moe_fq_parity.reference import constants as R
 
 
 def test_kernel_sixth_is_rn_fp32_of_one_sixth() -> None:

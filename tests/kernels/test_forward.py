@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import kernels
-import reference
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
 
@@ -166,9 +166,9 @@ def test_outputs_are_aligned_views_of_one_buffer(gen: torch.Generator, device: s
 def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
     """A 4x16 tile forces several row and column tiles per expert, partial tiles at both edges and
     programs looping over 3 tiles (the interpreter's default tile covers a whole small expert)."""
-    from kernels import launch
-    from kernels.amax import amax_for_list
-    from kernels.formats import parse_spec
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import parse_spec
 
     ws = [w.to(device) for w in expert_weights(gen, [(9, 50), (5, 16), (0, 3), (3, 33)], torch.bfloat16, specials=fmt != "nvfp4")]
     amax = amax_stack(ws, ["below", "max", "zero", "odd"], per_channel=False).to(device)
@@ -184,9 +184,9 @@ def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
 def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generator, device: str) -> None:
     """Global amax 1e-33 and data near 1e-38: ``ds8 * gd`` is an fp32 subnormal, where a
     flush-to-zero division would give FP32_MAX instead of ``RN(1/d)``; both reciprocal paths."""
-    from kernels import launch
-    from kernels.amax import amax_for_list
-    from kernels.formats import parse_spec
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import parse_spec
 
     x = (torch.randn(4, 48, generator=gen) * 1e-38).to(torch.bfloat16).to(device)
     amax = torch.tensor([1e-33], device=device)
@@ -203,9 +203,9 @@ def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generat
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "nvfp4"])
 def test_hardware_division_paths(fmt: str, gen: torch.Generator, device: str) -> None:
     """``scalar_int_div=False`` / ``nvfp4_int_recip=False``: scales through ``tl.math.div_rn``."""
-    from kernels import launch
-    from kernels.amax import amax_for_list
-    from kernels.formats import parse_spec
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import parse_spec
 
     ws = [w.to(device) for w in expert_weights(gen, LIST_SHAPES, torch.bfloat16, specials=fmt != "nvfp4")]
     amax = amax_stack(ws, [AMAX_MODES[i % len(AMAX_MODES)] for i in range(len(ws))], per_channel=False).to(device)

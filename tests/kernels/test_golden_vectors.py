@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
+from moe_fq_parity import kernels
 
 from .bitcheck import assert_same_bits
 

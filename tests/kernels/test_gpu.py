@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-import reference
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
 from .kernel_jobs import run

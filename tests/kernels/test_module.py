@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-import reference
+from moe_fq_parity import kernels
+from moe_fq_parity import reference
 
 from .bitcheck import assert_same_bits
 

@@ -12,11 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import env
-from kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_mag_e2m1, round_mag_e4m3
-from reference.rounding import round_to_e2m1 as ref_e2m1
-from reference.rounding import round_to_e4m3 as ref_e4m3
-from reference.rounding import to_output_dtype
+from moe_fq_parity.kernels import env
+from moe_fq_parity.kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_mag_e2m1, round_mag_e4m3
+from moe_fq_parity.reference.rounding import round_to_e2m1 as ref_e2m1
+from moe_fq_parity.reference.rounding import round_to_e4m3 as ref_e4m3
+from moe_fq_parity.reference.rounding import to_output_dtype
 
 from .bitcheck import assert_same_bits
 

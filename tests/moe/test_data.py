@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference
-from harness.moe.compare import POWER_OF_TWO_BLIND, count_distinct, visible_amax
-from harness.moe.data import ExpertShape, case_seed, make_expert_data
-from harness.moe.layers import split_tokens
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.moe.compare import POWER_OF_TWO_BLIND, count_distinct, visible_amax
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, case_seed, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import split_tokens
 
 
 @pytest.mark.parametrize("n", [3, 4, 8, 16, 32, 128])

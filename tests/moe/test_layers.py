@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.layers import GroupedLinearTwin, SequentialExperts, set_expert_params, split_tokens
-from harness.moe.te_adapter import grouped_forward, make_grouped_linear, te_available
-from harness.ulp import bits_equal
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import GroupedLinearTwin, SequentialExperts, set_expert_params, split_tokens
+from moe_fq_parity.harness.sections.moe.te_adapter import grouped_forward, make_grouped_linear, te_available
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 SHAPE = ExpertShape(5, 24, 40, 30)
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.layers import SequentialExperts, set_expert_params
-from harness.moe.quantized import QuantSequentialExperts, calibrate
-from harness.moe.roles import QuantSpec, Recipe
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import SequentialExperts, set_expert_params
+from moe_fq_parity.harness.sections.moe.quantized import QuantSequentialExperts, calibrate
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
 
 pytestmark = [
     pytest.mark.slow,  # importing Model-Optimizer alone takes ~5 s of CPU; deselect with -m "not slow"

@@ -8,13 +8,13 @@ import re
 import pytest
 import torch
 
-import reference
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.layers import GroupedLinearTwin, SequentialExperts, set_expert_params
-from harness.moe.quantized import QuantGroupedExperts, QuantSequentialExperts, calibrate
-from harness.moe.quantizers import ExpertQuantizer, FakeQuantSTE, MaxQuantizer, set_quant_mode
-from harness.moe.roles import QuantSpec, Recipe
-from harness.ulp import bits_equal
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import GroupedLinearTwin, SequentialExperts, set_expert_params
+from moe_fq_parity.harness.sections.moe.quantized import QuantGroupedExperts, QuantSequentialExperts, calibrate
+from moe_fq_parity.harness.sections.moe.quantizers import ExpertQuantizer, FakeQuantSTE, MaxQuantizer, set_quant_mode
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 SHAPE = ExpertShape(4, 16, 32, 24)
 FP8 = QuantSpec("fp8_e4m3", "per_tensor")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.moe.roles import QuantSpec, Recipe, Role
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe, Role
 
 
 @pytest.mark.parametrize("tensor_type", ["output", "grad_input", "grad_output", "bias"])

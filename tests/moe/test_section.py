@@ -11,17 +11,17 @@ import dataclasses
 import pytest
 import torch
 
-import harness.moe.checks_state as checks_state
-import harness.moe.quantized as quantized
-from harness.moe.bench import build_bench
-from harness.moe.checks_input import input_rows
-from harness.moe.checks_state import layout_rows, quantizer_state_rows
-from harness.moe.checks_weight import weight_rows
-from harness.moe.compare import RowSink
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.roles import QuantSpec, Recipe
-from harness.moe.section import SUITES, run
-from harness.sections import Section
+from moe_fq_parity.harness.sections.moe import checks_state as checks_state
+from moe_fq_parity.harness.sections.moe import quantized as quantized
+from moe_fq_parity.harness.sections.moe.bench import build_bench
+from moe_fq_parity.harness.sections.moe.checks_input import input_rows
+from moe_fq_parity.harness.sections.moe.checks_state import layout_rows, quantizer_state_rows
+from moe_fq_parity.harness.sections.moe.checks_weight import weight_rows
+from moe_fq_parity.harness.sections.moe.compare import RowSink
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
+from moe_fq_parity.harness.sections.moe.section import SUITES, run
+from moe_fq_parity.harness.sections import Section
 
 SHAPE = ExpertShape(4, 16, 32, 24)
 SPECS = {
@@ -48,7 +48,7 @@ def test_smoke_section_passes_with_every_check_for_three_formats(smoke):
                       "data/input_amax_differ", "equivalence/grouped_shared~sequential_synced/calib", "state_dict/quantizer/roundtrip/flat"):
             assert any(f"twin/{fmt}/" in i and f"/{check}/" in i for i in ids), (fmt, check)
     assert any("/state_dict/roundtrip/packed/" in i for i in ids)
-    assert all(r.repro.startswith("python -m harness.moe") and r.id in r.repro for r in smoke.rows if r.verdict != "skip")
+    assert all(r.repro.startswith("python -m moe_fq_parity.harness.sections.moe") and r.id in r.repro for r in smoke.rows if r.verdict != "skip")
     assert set(smoke.columns) <= set().union(*(r.fields for r in smoke.rows))
 
 

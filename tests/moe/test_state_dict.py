@@ -9,15 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.layers import GroupedLinearTwin, set_expert_params
-from harness.moe.quantized import QuantGroupedExperts, calibrate, set_quant_mode
-from harness.moe.roles import QuantSpec, Recipe
-from harness.moe.state_dict import (
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import GroupedLinearTwin, set_expert_params
+from moe_fq_parity.harness.sections.moe.quantized import QuantGroupedExperts, calibrate, set_quant_mode
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
+from moe_fq_parity.harness.sections.moe.state_dict import (
     grouped_to_indexed, indexed_to_grouped, load_checkpoint, n_quantizer_keys, n_to_vector, save_checkpoint,
     split_grouped_tensor, vector_to_n,
 )
-from harness.ulp import bits_equal
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

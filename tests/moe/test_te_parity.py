@@ -1,7 +1,7 @@
 """Real Transformer Engine ``GroupedLinear`` vs the twin, on a GPU machine (``pytest tests/moe -m gpu``).
 
 Skipped with the reason when ``transformer_engine.pytorch`` cannot run here (always on CPU).
-Checks the adapter's assumptions (``harness.moe.te_adapter``): TE's parameter names, bitwise
+Checks the adapter's assumptions (``harness.sections.moe.te_adapter``): TE's parameter names, bitwise
 equal outputs for the same weights and routing (empty experts included, bias on and off),
 every calibrated model's amax and outputs equal between twin and real module, all checks of
 the section passing on the real module, and -- where Model-Optimizer is installed -- its
@@ -13,16 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.moe.bench import build_bench
-from harness.moe.checks_input import input_rows
-from harness.moe.checks_weight import weight_rows
-from harness.moe.compare import RowSink
-from harness.moe.data import ExpertShape, make_expert_data
-from harness.moe.layers import set_expert_params
-from harness.moe.roles import QuantSpec, Recipe
-from harness.moe.section import te_vs_twin_rows, run
-from harness.moe.te_adapter import grouped_forward, is_real_te, make_grouped_linear, te_available
-from harness.ulp import bits_equal
+from moe_fq_parity.harness.sections.moe.bench import build_bench
+from moe_fq_parity.harness.sections.moe.checks_input import input_rows
+from moe_fq_parity.harness.sections.moe.checks_weight import weight_rows
+from moe_fq_parity.harness.sections.moe.compare import RowSink
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+from moe_fq_parity.harness.sections.moe.layers import set_expert_params
+from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
+from moe_fq_parity.harness.sections.moe.section import te_vs_twin_rows, run
+from moe_fq_parity.harness.sections.moe.te_adapter import grouped_forward, is_real_te, make_grouped_linear, te_available
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 pytestmark = pytest.mark.gpu
 

@@ -7,8 +7,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from reference.exact import E2M1_POSITIVE, E4M3_POSITIVE, round_to_grid
-from reference.rounding import round_to_e2m1, round_to_e4m3
+from moe_fq_parity.reference.exact import E2M1_POSITIVE, E4M3_POSITIVE, round_to_grid
+from moe_fq_parity.reference.rounding import round_to_e2m1, round_to_e4m3
 
 # Named edge cases: (fp32 input bits, expected fp32 output bits) for E4M3.
 E4M3_NAMED = {

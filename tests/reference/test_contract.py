@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference as R
-from reference.nvfp4 import to_blocks
+from moe_fq_parity import reference as R
+from moe_fq_parity.reference.nvfp4 import to_blocks
 
 G = torch.Generator().manual_seed(7)
 
@@ -113,7 +113,7 @@ def test_nvfp4_partial_last_block_is_zero_padded_short_block(variant):
 def test_nvfp4_static_block_amax_option():
     x = _w(2, 32)
     g = x.float().abs().amax()
-    from reference.nvfp4 import block_amax
+    from moe_fq_parity.reference.nvfp4 import block_amax
 
     bam = block_amax(x)
     y_default = R.fake_quant(x, g, "nvfp4", "modelopt_static")

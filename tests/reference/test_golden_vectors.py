@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reference as R
+from moe_fq_parity import reference as R
 
 CASES = {
     "int8_wide": ("int8", {}),

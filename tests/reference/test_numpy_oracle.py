@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import reference as R
+from moe_fq_parity import reference as R
 
 from .conftest import AMAX_SWEEP
 from .numpy_oracle import fp8_fake_quant_bits, int_fake_quant_bits

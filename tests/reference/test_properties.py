@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference as R
-from reference.constants import TINY_AMAX
-from harness.ulp import near_tie
-from reference.exact import E4M3_POSITIVE, fp8_exact, int_exact, nvfp4_exact_row, round_to_dtype, round_to_grid
+from moe_fq_parity import reference as R
+from moe_fq_parity.reference.constants import TINY_AMAX
+from moe_fq_parity.harness.core.ulp import near_tie
+from moe_fq_parity.reference.exact import E4M3_POSITIVE, fp8_exact, int_exact, nvfp4_exact_row, round_to_dtype, round_to_grid
 
 FINITE_BF16 = st.integers(min_value=0, max_value=0xFFFF).map(
     lambda b: torch.tensor([b], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()

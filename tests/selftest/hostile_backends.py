@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-import reference
-from reference import FORMATS
+from moe_fq_parity import reference
+from moe_fq_parity.reference import FORMATS
 
 
 class WrongDevice:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.cli import main
+from moe_fq_parity.harness.run.cli import main
 
 SMOKE_CASE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.selftest.seeds import main
+from moe_fq_parity.harness.sections.selftest.seeds import main
 
 
 def test_correct_backend_passes_every_seed(capsys):
@@ -12,4 +12,4 @@ def test_correct_backend_passes_every_seed(capsys):
 
 def test_broken_backend_fails(capsys):
     assert main(["--suite", "smoke", "--backend", "tests.harness.broken_backends:OneUlpHigh", "--seeds", "2"]) == 1
-    assert "python -m harness run" in capsys.readouterr().out
+    assert "moe-fq-parity run" in capsys.readouterr().out

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import harness.selftest.runner as runner
-from harness.cli import main
-from harness.selftest.mutants import Mutant, build_mutants
+from moe_fq_parity.harness.sections.selftest import runner as runner
+from moe_fq_parity.harness.run.cli import main
+from moe_fq_parity.harness.sections.selftest.mutants import Mutant, build_mutants
 
 
 def test_every_mutant_is_killed_and_controls_pass():
@@ -50,7 +50,7 @@ def test_unknown_mutant_is_a_usage_error(capsys):
 
 
 def test_section_rows():
-    from harness.selftest.report import section_of
+    from moe_fq_parity.harness.sections.selftest.report import section_of
 
     r = runner.run_selftest("ci", mutants=["bf16-truncate"], controls=("reference",))
     sec = section_of(r)

@@ -1,0 +1,122 @@
+"""Frozen result records: what every check returns, and what the report stores (never a bare bool).
+
+``CheckRecord.to_json`` / ``from_json`` are the report's ``records[]`` entries (schema in
+``reports/schema/report.schema.json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+VERDICTS = ("pass", "fail", "skip")
+CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
+"""Check names, in report order."""
+
+
+@dataclass(frozen=True)
+class Offender:
+    """One mismatching element: where, what went in, what was expected and got, and why."""
+
+    expert: int
+    row: int
+    col: int
+    input: float
+    expected: float
+    got: float
+    pre_round: Optional[float]
+    ulp: Optional[int]
+    cls: str
+
+
+@dataclass(frozen=True)
+class ExpertStats:
+    """Per-expert breakdown of a comparison."""
+
+    expert: int
+    numel: int
+    amax: Optional[float]
+    max_ulp: int
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Timing of one backend call on one case (units in the names)."""
+
+    time_us: float
+    gbps: float
+    pct_of_copy: Optional[float]
+    timer: str
+    samples_us: tuple[float, ...]
+    bytes_moved: int
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """The result of one check of one backend on one case.
+
+    ``counts`` uses the classes of ``harness.core.ulp`` (``exact``, ``ulp1``, ``tie_flip``, ``error``);
+    ``offenders`` are the first mismatches in (expert, row, col) order; ``repro`` is a shell command
+    that reruns exactly this case and check.
+    """
+
+    case_id: str
+    backend: str
+    check: str
+    verdict: str
+    fmt: str
+    n: int
+    numel: int
+    mode: str = "strict"
+    message: str = ""
+    max_ulp: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    signed_zero: int = 0
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    histogram: tuple[int, ...] = ()
+    per_expert: tuple[ExpertStats, ...] = ()
+    offenders: tuple[Offender, ...] = ()
+    perf: Optional[Perf] = None
+    repro: str = ""
+    duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}, got {self.check!r}")
+
+    @property
+    def key(self) -> str:
+        """Unique key of the record in a report: ``case_id|backend|check``."""
+        return f"{self.case_id}|{self.backend}|{self.check}"
+
+    @property
+    def exact(self) -> bool:
+        """True when every compared element was bit-exact (``counts`` only ``exact``)."""
+        return self.verdict == "pass" and all(v == 0 for k, v in self.counts.items() if k != "exact")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["key"] = self.key
+        d["histogram"] = list(self.histogram)
+        d["per_expert"] = [asdict(e) for e in self.per_expert]
+        d["offenders"] = [asdict(o) for o in self.offenders]
+        if self.perf is not None:
+            d["perf"]["samples_us"] = list(self.perf.samples_us)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "CheckRecord":
+        d = dict(d)
+        d.pop("key", None)
+        d["histogram"] = tuple(d.get("histogram", ()))
+        d["per_expert"] = tuple(ExpertStats(**e) for e in d.get("per_expert", ()))
+        d["offenders"] = tuple(Offender(**o) for o in d.get("offenders", ()))
+        if d.get("perf") is not None:
+            p = dict(d["perf"])
+            p["samples_us"] = tuple(p["samples_us"])
+            d["perf"] = Perf(**p)
+        return cls(**d)

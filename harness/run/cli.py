@@ -1,0 +1,202 @@
+"""Command line: ``moe-fq-parity run | compare | list | selftest`` (also ``python -m moe_fq_parity.harness``).
+
+* ``run``: run a suite (default ``smoke``) on backends (default: every built-in that is available
+  here), write ``OUT/report.json`` and ``OUT/report.html`` (default ``./parity-report``); exit 0 only
+  when every check passed (1 on failures, 2 when a backend asked for is unavailable, 130 on Ctrl-C).
+* ``compare OLD NEW``: print regressions, improvements and changes; exit 1 on any regression.
+* ``list``: suites and their cases, and the backends with their availability.
+* ``selftest``: run the built-in mutants (deliberately broken backends) through a suite; exit 0 only
+  when every mutant is killed by some check and the unmutated backends pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from moe_fq_parity.harness.core.tolerances import SLOWDOWN_THRESHOLD, VERDICT_MODES
+
+
+def _csv(text: str) -> list[str]:
+    return [t for t in (s.strip() for s in text.split(",")) if t]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from moe_fq_parity.cases import DEFAULT_SEED, SUITES
+    from moe_fq_parity.harness.core.records import CHECKS
+
+    p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a suite and write report.json + report.html")
+    r.add_argument("--suite", default="smoke", choices=sorted(SUITES), help="case suite (default: smoke)")
+    r.add_argument("--backend", action="append", default=[], metavar="B",
+                   help="reference | triton | eager-loop | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
+    r.add_argument("--formats", type=_csv, default=[], help="comma-separated formats to keep (int8,int4,fp8_e4m3,nvfp4)")
+    r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
+    r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable)")
+    r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
+    r.add_argument("--mode", default="strict", choices=VERDICT_MODES, help="forward verdict: strict (0 ULP) or 1-ulp (upstream)")
+    r.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"global seed (default {DEFAULT_SEED}); case seed = seed + crc32(case id)")
+    r.add_argument("--baseline", type=Path, default=None, help="earlier report.json to diff against (regressions fail the run)")
+    r.add_argument("--timeout", type=float, default=300.0, help="per backend call timeout in seconds (0: none)")
+    perf = r.add_mutually_exclusive_group()
+    perf.add_argument("--perf", dest="perf", action="store_true", default=None, help="record timings (default: on with CUDA)")
+    perf.add_argument("--no-perf", dest="perf", action="store_false")
+    sec = r.add_mutually_exclusive_group()
+    sec.add_argument("--sections", type=_csv, default=None, help="comma-separated report sections (default: all)")
+    sec.add_argument("--no-sections", action="store_true", help="run no extra report sections")
+    r.add_argument("--out", type=Path, default=Path("parity-report"), help="output directory (default ./parity-report)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = sub.add_parser("compare", help="diff two report.json files; exit 1 on regression")
+    c.add_argument("old", type=Path)
+    c.add_argument("new", type=Path)
+    c.add_argument("--threshold", type=float, default=SLOWDOWN_THRESHOLD, help=f"slowdown counted as regression (default {SLOWDOWN_THRESHOLD})")
+    st = sub.add_parser("selftest", help="prove every check fires: run the mutant backends; exit 1 if one survives")
+    st.add_argument("--suite", default="ci", choices=("ci", "nightly"), help="cases to hunt the mutants with (default: ci, the fast subset)")
+    st.add_argument("--mutant", action="append", default=None, metavar="NAME", help="only this mutant (repeatable)")
+    st.add_argument("--case", action="append", default=[], metavar="ID", help="only this case id (repeatable)")
+    st.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    st.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
+    st.add_argument("--json", type=Path, default=None, help="write the outcome as JSON here")
+    ls = sub.add_parser("list", help="list suites, cases and backends")
+    ls.add_argument("--suite", choices=sorted(SUITES), default=None, help="list the cases of this suite only")
+    ls.add_argument("--cases", action="append", default=[], metavar="GLOB")
+    return p
+
+
+def _select_cases(args) -> tuple:
+    from moe_fq_parity.cases import Case, select, suite
+
+    if args.case:
+        try:
+            picked = tuple(Case.from_id(cid) for cid in args.case)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}")
+        return select(picked, patterns=args.cases, formats=args.formats)
+    return select(suite(args.suite), patterns=args.cases, formats=args.formats)
+
+
+def _unwritable(out: Path) -> Optional[str]:
+    """Why ``out`` cannot take the report (checked before any case runs), or ``None``."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-probe-"):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
+def _cmd_run(args) -> int:
+    import torch
+
+    from moe_fq_parity.reports.schema import load
+
+    from moe_fq_parity.harness.backends import BackendLoadError, load_all
+    from moe_fq_parity.harness.checks import DEFAULT_CHECKS
+    from .runner import RunConfig, run
+
+    specs = [s for arg in args.backend for s in _csv(arg)]
+    try:
+        backends = tuple(load_all(specs or None))
+    except BackendLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cases = _select_cases(args)
+    if not cases:
+        print("error: no case matches the selection", file=sys.stderr)
+        return 2
+    if (problem := _unwritable(args.out)) is not None:
+        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
+        return 2
+    baseline = None
+    if args.baseline is not None:
+        try:
+            baseline = load(args.baseline)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    cfg = RunConfig(
+        suite=args.suite if not args.case else "custom", cases=cases, backends=backends,
+        checks=tuple(args.checks) if args.checks else DEFAULT_CHECKS, out_dir=args.out, seed=args.seed, mode=args.mode,
+        timeout_s=args.timeout or None, perf=torch.cuda.is_available() if args.perf is None else args.perf,
+        sections=() if args.no_sections else (tuple(args.sections) if args.sections is not None else None),
+        baseline=baseline, baseline_path=str(args.baseline or ""), progress=not args.no_progress,
+        explicit_backends=bool(specs), argv=tuple(sys.argv),
+    )
+    try:
+        return run(cfg)
+    except ValueError as exc:  # unknown checks / sections
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_compare(args) -> int:
+    from moe_fq_parity.reports.schema import load
+
+    from .diff import diff_reports, format_diff
+
+    try:
+        old, new = load(args.old), load(args.new)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    diff = diff_reports(old, new, slowdown=args.threshold)
+    print(format_diff(diff))
+    return 1 if diff.regressions else 0
+
+
+def _cmd_list(args) -> int:
+    from moe_fq_parity.cases import marks, select, suite, SUITES
+
+    from moe_fq_parity.harness.backends import load_all
+
+    for name in ([args.suite] if args.suite else sorted(SUITES)):
+        cs = select(suite(name), patterns=args.cases)
+        print(f"suite {name}: {len(cs)} cases, {sum(c.numel for c in cs) / 1e6:.1f} M elements")
+        if args.suite or args.cases:
+            for c in cs:
+                m = marks(c)
+                print(f"  {c.id}" + (f"  [{', '.join(m)}]" if m else ""))
+    print("backends:")
+    for b in load_all():
+        print(f"  {b.spec}: " + ("available" if b.available else "unavailable") + (f" ({b.reason})" if b.reason else "") + f" on {b.device or '-'}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from moe_fq_parity.harness.core.triton_env import prepare
+
+    prepare()
+    args = _parser().parse_args(argv)
+    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest}[args.command](args)
+
+
+def console_main() -> None:
+    """Entry point of the ``moe-fq-parity`` command."""
+    sys.exit(main())
+
+
+def _cmd_selftest(args) -> int:
+    import json
+
+    from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
+    from moe_fq_parity.harness.sections.selftest.runner import run_selftest
+
+    try:
+        result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None,
+                              controls=() if args.no_controls else None, progress=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_outcome(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(to_json(result), indent=1))
+        tmp.replace(args.json)
+    return 0 if result.ok else 1

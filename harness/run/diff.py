@@ -1,0 +1,80 @@
+"""Compare two reports: regressions (exit non-zero), improvements and other changes.
+
+A regression is: a record that passed and now fails; a record that was exact and is not (even if it
+still passes under ``1-ulp``); a failing record that is new; a section row that passed and now fails;
+a slowdown beyond ``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_fq_parity.harness.core.tolerances import SLOWDOWN_THRESHOLD
+
+
+@dataclass(frozen=True)
+class Diff:
+    regressions: list[str] = field(default_factory=list)
+    improvements: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+
+    def to_json(self, path: str) -> dict[str, Any]:
+        return {"path": path, "regressions": self.regressions, "improvements": self.improvements, "changes": self.changes}
+
+
+def _exact(r: dict[str, Any]) -> bool:
+    return r["verdict"] == "pass" and all(v == 0 for k, v in r.get("counts", {}).items() if k != "exact")
+
+
+def _section_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"{s['name']}:{row['id']}": row for s in report.get("sections", []) for row in s["rows"]}
+
+
+def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = SLOWDOWN_THRESHOLD) -> Diff:
+    """What changed from ``old`` to ``new`` (both report dicts)."""
+    d = Diff()
+    old_r = {r["key"]: r for r in old["records"]}
+    new_r = {r["key"]: r for r in new["records"]}
+    for key, n in new_r.items():
+        o = old_r.get(key)
+        if o is None:
+            (d.regressions if n["verdict"] == "fail" else d.changes).append(f"new {n['verdict']}: {key}" + (f" ({n['message']})" if n["verdict"] == "fail" else ""))
+            continue
+        if o["verdict"] == "pass" and n["verdict"] == "fail":
+            d.regressions.append(f"pass -> fail: {key} ({n['message']})")
+        elif o["verdict"] == "fail" and n["verdict"] == "pass":
+            d.improvements.append(f"fail -> pass: {key}")
+        elif _exact(o) and n["verdict"] == "pass" and not _exact(n):
+            d.regressions.append(f"exact -> not exact: {key} (max {n['max_ulp']} ULP, {n['counts']})")
+        elif o["verdict"] != n["verdict"]:
+            d.changes.append(f"{o['verdict']} -> {n['verdict']}: {key}")
+        if o.get("perf") and n.get("perf") and o["perf"]["time_us"] > 0:
+            ratio = n["perf"]["time_us"] / o["perf"]["time_us"]
+            text = f"{key}: {o['perf']['time_us']:.1f} us -> {n['perf']['time_us']:.1f} us ({(ratio - 1) * 100:+.1f}%)"
+            if ratio > 1 + slowdown:
+                d.regressions.append(f"slowdown beyond {slowdown:.0%}: {text}")
+            elif ratio < 1 - slowdown:
+                d.improvements.append(f"speedup: {text}")
+    for key in old_r.keys() - new_r.keys():
+        d.changes.append(f"missing in new report: {key}")
+    old_s, new_s = _section_rows(old), _section_rows(new)
+    for key, n in new_s.items():
+        o = old_s.get(key)
+        if n["verdict"] == "fail" and (o is None or o["verdict"] != "fail"):
+            d.regressions.append(f"section {'new fail' if o is None else o['verdict'] + ' -> fail'}: {key} ({n.get('message', '')})")
+        elif o is not None and o["verdict"] == "fail" and n["verdict"] == "pass":
+            d.improvements.append(f"section fail -> pass: {key}")
+    if not new.get("complete", True):
+        d.changes.append("the new report is incomplete")
+    return d
+
+
+def format_diff(d: Diff) -> str:
+    """Human-readable listing for the terminal."""
+    lines = [f"{len(d.regressions)} regressions, {len(d.improvements)} improvements, {len(d.changes)} other changes"]
+    for title, items in (("REGRESSIONS", d.regressions), ("improvements", d.improvements), ("changes", d.changes)):
+        if items:
+            lines.append(f"{title}:")
+            lines += [f"  {it}" for it in items]
+    return "\n".join(lines)

@@ -1,0 +1,299 @@
+"""pytest plugin: the parity checks as parametrized tests, and ``--parity-report DIR``.
+
+Enable with ``pytest_plugins = ["harness.run.pytest_plugin"]`` in the root ``conftest.py``.
+
+* Tests that take the ``parity_case`` fixture are parametrized over the catalogue with case ids as
+  test ids; ``parity_backend`` over the backends.  Cases outside the ``ci`` suite carry ``slow`` (and
+  large ones ``gpu``); with no ``-m`` expression and no ``--parity-suite``, slow parity cases are
+  deselected, so ``pytest`` stays the CPU tier and ``pytest -m slow`` runs the large cases.
+* ``parity_check(name)`` runs one check (``harness.records.CHECKS``) and records its ``CheckRecord``;
+  ``--parity-report DIR`` writes every record to ``DIR/report.json`` and ``DIR/report.html``, also
+  under ``pytest -n auto`` (xdist workers send their records to the controller; with several GPUs
+  each worker uses GPU ``worker index % count``).
+* Settings are resolved once (command line > environment ``PARITY_*`` > default) into a frozen
+  ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from . import hypothesis_profiles
+from moe_fq_parity.harness.core.triton_env import prepare
+
+prepare()
+from moe_fq_parity.harness.core.tolerances import VERDICT_MODES
+
+ENV_PREFIX = "PARITY_"
+MARKERS = {
+    "slow": "large shapes (Ultra, N=128) and long runs",
+    "gpu": "needs a CUDA device; skipped with a reason without one",
+    "fuzz": "Hypothesis fuzzing (profile via --hypothesis-profile / HYPOTHESIS_PROFILE)",
+    "dist": "spawns several processes",
+}
+
+
+@dataclass(frozen=True)
+class ParitySettings:
+    """Resolved plugin settings (see the module docstring)."""
+
+    report_dir: Optional[Path]
+    seed: int
+    suite: Optional[str]
+    backends: tuple[str, ...]
+    mode: str
+    timeout_s: Optional[float]
+    hypothesis_profile: str
+
+
+SETTINGS = pytest.StashKey[ParitySettings]()
+RECORDS = pytest.StashKey[list]()
+WRITER = pytest.StashKey[Any]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("parity", "MoE fake-quant parity harness")
+    g.addoption("--parity-report", metavar="DIR", default=None, help="write every parity check record to DIR/report.json and DIR/report.html")
+    g.addoption("--parity-seed", type=int, default=None, help="global seed (env PARITY_SEED; default cases.DEFAULT_SEED)")
+    g.addoption("--parity-suite", default=None, help="collect exactly this suite (env PARITY_SUITE); default: ci plus slow-marked larger cases")
+    g.addoption("--parity-backend", action="append", default=None, help="backend spec (repeatable; env PARITY_BACKENDS comma-separated; default: all built-ins)")
+    g.addoption("--parity-mode", choices=VERDICT_MODES, default=None, help="forward verdict mode (env PARITY_MODE; default strict)")
+    g.addoption("--parity-timeout", type=float, default=None, help="per backend call timeout, s (env PARITY_TIMEOUT; default 300)")
+
+
+def _resolve(config: pytest.Config) -> ParitySettings:
+    from moe_fq_parity.cases import DEFAULT_SEED, SUITES
+
+    def pick(opt: str, env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
+        value = config.getoption(opt)
+        if value is not None:
+            return value
+        if os.environ.get(ENV_PREFIX + env):
+            return cast(os.environ[ENV_PREFIX + env])
+        return default
+
+    suite = pick("parity_suite", "SUITE", None)
+    if suite is not None and suite not in SUITES:
+        raise pytest.UsageError(f"--parity-suite {suite!r}: known suites are {sorted(SUITES)}")
+    backends = pick("parity_backend", "BACKENDS", None, lambda s: [b for b in s.split(",") if b])
+    from moe_fq_parity.harness.backends import BUILTINS
+
+    report = pick("parity_report", "REPORT", None)
+    profile = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or hypothesis_profiles.DEFAULT_PROFILE
+    return ParitySettings(
+        report_dir=Path(report) if report else None,
+        seed=int(pick("parity_seed", "SEED", DEFAULT_SEED, int)),
+        suite=suite,
+        backends=tuple(backends) if backends else tuple(BUILTINS),
+        mode=pick("parity_mode", "MODE", "strict"),
+        timeout_s=float(pick("parity_timeout", "TIMEOUT", 300.0, float)) or None,
+        hypothesis_profile=profile,
+    )
+
+
+def _worker_index() -> Optional[int]:
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    settings = _resolve(config)
+    config.stash[SETTINGS] = settings
+    config.stash[RECORDS] = []
+    from hypothesis import settings as hsettings
+
+    if not config.getoption("hypothesis_profile", None):
+        hsettings.load_profile(settings.hypothesis_profile)
+    idx = _worker_index()
+    if idx is not None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            torch.cuda.set_device(idx % torch.cuda.device_count())
+    if settings.report_dir is not None and not hasattr(config, "workerinput"):
+        config.stash[WRITER] = _new_writer(config, settings)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = config.stash[SETTINGS]
+    return (f"parity: seed={s.seed} suite={s.suite or 'ci (+slow-marked larger cases)'} backends={','.join(s.backends)} "
+            f"mode={s.mode} hypothesis-profile={s.hypothesis_profile}" + (f" report={s.report_dir}" if s.report_dir else ""))
+
+
+def _collected_cases(settings: ParitySettings) -> list[tuple[Any, tuple[str, ...]]]:
+    from moe_fq_parity.cases import marks, suite
+
+    if settings.suite is not None:
+        return [(c, marks(c)) for c in suite(settings.suite)]
+    ci_ids = {c.id for c in suite("ci")}
+    out = []
+    for c in suite("nightly"):
+        m = set(marks(c))
+        if c.id not in ci_ids:
+            m.add("slow")
+        out.append((c, tuple(sorted(m))))
+    return out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    settings = metafunc.config.stash[SETTINGS]
+    if "parity_case" in metafunc.fixturenames:
+        params = [pytest.param(c, id=c.id, marks=[getattr(pytest.mark, m) for m in ms]) for c, ms in _collected_cases(settings)]
+        metafunc.parametrize("parity_case", params)
+    if "parity_backend" in metafunc.fixturenames:
+        metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends), scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    settings = config.stash[SETTINGS]
+    import torch
+
+    keep, drop = [], []
+    explicit = bool(config.getoption("markexpr", "")) or settings.suite is not None
+    for item in items:
+        is_parity = "parity_case" in getattr(item, "fixturenames", ())
+        if is_parity and not explicit and item.get_closest_marker("slow"):
+            drop.append(item)
+            continue
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def parity_settings(request: pytest.FixtureRequest) -> ParitySettings:
+    """The resolved ``ParitySettings``."""
+    return request.config.stash[SETTINGS]
+
+
+_LOADED: dict[str, Any] = {}
+
+
+@pytest.fixture
+def parity_loaded_backend(parity_backend: str):
+    """The ``LoadedBackend`` of ``parity_backend``; skips (with the reason) when unavailable here."""
+    from moe_fq_parity.harness.backends import load
+
+    if parity_backend not in _LOADED:
+        _LOADED[parity_backend] = load(parity_backend)
+    lb = _LOADED[parity_backend]
+    if not lb.available:
+        pytest.skip(f"backend {parity_backend} unavailable: {lb.reason}")
+    return lb
+
+
+@pytest.fixture
+def parity_record(request: pytest.FixtureRequest) -> Callable[[Any], None]:
+    """``parity_record(record)`` adds a ``CheckRecord`` to the session's report."""
+
+    def add(rec) -> None:
+        data = rec.to_json()
+        request.config.stash[RECORDS].append(data)
+        writer = request.config.stash.get(WRITER, None)
+        if writer is not None:
+            writer.add([data])
+
+    return add
+
+
+_INPUTS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_INPUTS_KEEP = 4
+
+
+def _inputs_and_expected(case, seed: int, device: str) -> tuple:
+    """Inputs and reference results of a case, shared by the checks of one case (small LRU)."""
+    from moe_fq_parity.cases import make_inputs
+
+    from moe_fq_parity.harness.checks import expected_forward
+
+    key = (case.id, seed, device)
+    if key not in _INPUTS:
+        inputs = make_inputs(case, seed, device)
+        _INPUTS[key] = (inputs, expected_forward(inputs))
+        while len(_INPUTS) > _INPUTS_KEEP:
+            _INPUTS.popitem(last=False)
+    return _INPUTS[key]
+
+
+@pytest.fixture
+def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_record) -> Callable[[str], Any]:
+    """``parity_check(name)`` runs one check on this case and backend, records and returns its record."""
+    from moe_fq_parity.harness.checks import CheckContext, run_case_checks
+
+    def run(name: str):
+        inputs, expected = _inputs_and_expected(parity_case, parity_settings.seed, parity_loaded_backend.device or "cpu")
+        ctx = CheckContext(parity_loaded_backend, inputs, parity_settings.seed, parity_settings.mode, parity_settings.timeout_s)
+        recs = [r for r in run_case_checks(ctx, [name], expected) if r.check == name]
+        for r in recs:
+            parity_record(r)
+        return recs[0]
+
+    return run
+
+
+def assert_record(rec) -> None:
+    """Skip on a ``skip`` record, fail with the message and repro on a ``fail`` record."""
+    if rec.verdict == "skip":
+        pytest.skip(rec.message)
+    if rec.verdict == "fail":
+        lines = [f"{rec.check} failed for {rec.case_id} on {rec.backend}: {rec.message}"]
+        lines += [f"  offender {o}" for o in rec.offenders[:5]]
+        lines.append(f"  repro: {rec.repro}")
+        pytest.fail("\n".join(lines), pytrace=False)
+
+
+def _new_writer(config: pytest.Config, settings: ParitySettings):
+    import torch
+
+    from moe_fq_parity.reports.writer import ReportWriter, now_iso
+
+    from moe_fq_parity.harness.core.meta import run_meta
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    meta = run_meta(device) | {
+        "copy_gbps": None, "suite": settings.suite or "ci", "formats": [], "checks": [], "seed": settings.seed, "mode": settings.mode,
+        "backends": [], "started": now_iso(), "finished": None, "source": "pytest", "argv": list(config.invocation_params.args),
+        "cases_planned": None, "timeout_s": settings.timeout_s, "hypothesis_profile": settings.hypothesis_profile,
+    }
+    return ReportWriter(settings.report_dir, meta)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):
+        config.workeroutput["parity_records"] = config.stash[RECORDS]
+        return
+    writer = config.stash.get(WRITER, None)
+    if writer is None:
+        return
+    from moe_fq_parity.harness.backends import load
+
+    specs = sorted({r["backend"] for r in writer.report["records"]} | set(config.stash[SETTINGS].backends))
+    writer.report["meta"]["backends"] = [load(s).to_json() for s in specs]
+    writer.report["meta"]["formats"] = sorted({r["fmt"] for r in writer.report["records"]})
+    writer.report["meta"]["checks"] = sorted({r["check"] for r in writer.report["records"]})
+    interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+    writer.finish(complete=not interrupted, error=f"pytest exit status {int(exitstatus)}" if interrupted else None)
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"parity report: {writer.json_path} and {writer.html_path} ({len(writer.report['records'])} records)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: merge a finished worker's records."""
+    writer = node.config.stash.get(WRITER, None)
+    records = getattr(node, "workeroutput", {}).get("parity_records", [])
+    if writer is not None and records:
+        writer.add(records)

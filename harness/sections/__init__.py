@@ -1,0 +1,96 @@
+"""Extra report sections (MoE calibration, distributed checkpoints, self-test, external backends), and running them.
+
+A section is produced by a runner ``run(suite: str, seed: int, device: str) -> Section`` named in
+``SECTION_RUNNERS`` as ``"module:function"`` (imported lazily, so a section whose dependencies are
+missing is reported as skipped with the reason instead of breaking the run).  The report renders
+each section as one table; a section fails when any of its rows fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+VERDICTS = ("pass", "fail", "skip")
+
+
+@dataclass(frozen=True)
+class SectionRow:
+    """One checked item: a stable id, its verdict, the values shown, how to rerun it."""
+
+    id: str
+    verdict: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    repro: str = ""
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled table of rows; ``columns`` lists the keys of ``fields`` to show, in order."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[SectionRow]
+    notes: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if any(r.verdict == "fail" for r in self.rows):
+            return "fail"
+        if self.rows and all(r.verdict == "skip" for r in self.rows):
+            return "skip"
+        return "pass"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verdict"] = self.verdict
+        return d
+
+
+SECTION_RUNNERS: dict[str, str] = {
+    "moe": "moe_fq_parity.harness.sections.moe.section:run",
+    "dist": "moe_fq_parity.harness.sections.dist.section:run",
+    "selftest": "moe_fq_parity.harness.sections.selftest.section:run",
+    "external": "moe_fq_parity.harness.sections.external.section:run",
+}
+"""Section name -> runner.  Each runner decides what it does for a suite (smoke/ci/nightly/ultra)."""
+
+
+def _single(name: str, verdict: str, message: str) -> Section:
+    return Section(name=name, title=name, columns=[], rows=[SectionRow(id=name, verdict=verdict, message=message)])
+
+
+def run_section(name: str, target: str, suite: str, seed: int, device: str) -> Section:
+    """One section, never raising (see the module docstring)."""
+    module_name, _, fn_name = target.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        return _single(name, "skip", f"section runner {target} unavailable: {type(exc).__name__}: {exc}")
+    try:
+        section = fn(suite=suite, seed=seed, device=device)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a broken section is a failed section
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return _single(name, "fail", f"section runner {target} raised {tb}")
+    if not isinstance(section, Section):
+        return _single(name, "fail", f"section runner {target} returned {type(section).__name__}, not Section")
+    return section
+
+
+def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None) -> list[dict[str, Any]]:
+    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``)."""
+    chosen = list(names) if names is not None else list(SECTION_RUNNERS)
+    unknown = [n for n in chosen if n not in SECTION_RUNNERS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; known: {sorted(SECTION_RUNNERS)}")
+    return [run_section(n, SECTION_RUNNERS[n], suite, seed, device).to_json() for n in chosen]

@@ -1,0 +1,91 @@
+"""The report section ``dist``: every (save layout -> load layout, quantizer layout, format) pair.
+
+``run(suite, seed, device)`` runs the matrix (``harness.sections.dist.matrix``) for each checkpoint
+engine and returns one ``Section`` whose rows are the verdicts: ``roundtrip/...`` pairs,
+``invariance/...`` layouts, ``content/...`` checkpoints, ``negative/...`` controls (pass = the
+deliberate bug was caught), ``bad_input/...`` refusals; an engine that cannot run here is one
+``skip`` row with the reason.
+
+Suites: ``smoke`` -- layouts of up to 2 ranks; ``ci``, ``nightly``, ``ultra`` -- up to 8 ranks
+(on CUDA: up to the number of GPUs, at least 2 needed).
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from dataclasses import replace
+from typing import Union
+
+import torch
+
+from moe_fq_parity.harness.sections import Section, SectionRow
+
+from .checks import Verdict
+from .engines import ENGINES
+from .layout import matrix_layouts
+from .matrix import DistPlan, run_plan
+
+SUITE_MAX_WORLD: dict[str, int] = {"smoke": 2, "ci": 8, "nightly": 8, "ultra": 8}
+COLUMNS = ["save", "load", "qlayout", "format", "engine", "tensors", "mismatches"]
+TITLE = "Distributed checkpoints: per-expert quantizer state across TP/EP layouts"
+
+
+def plan_for(suite: str, seed: int, device: str) -> Union[DistPlan, str]:
+    """The DCP plan of a suite on a device, or the reason it cannot run here."""
+    if suite not in SUITE_MAX_WORLD:
+        raise ValueError(f"unknown suite {suite!r}; known: {sorted(SUITE_MAX_WORLD)}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    max_world = SUITE_MAX_WORLD[suite]
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus < 2:
+            return f"NCCL runs need at least 2 GPUs, found {gpus}"
+        max_world = min(max_world, gpus)
+    layouts = tuple(matrix_layouts(max_world))
+    return DistPlan(seed, layouts, layouts, device=device)
+
+
+def repro(v: Verdict, seed: int, device: str) -> str:
+    """A command that reruns the save and load layouts a row involves."""
+    f = v.fields
+    save = f.get("save") or ("tp1ep1" if "load" in f else "")
+    load = f.get("load") or save
+    args = ["python", "-m", "moe_fq_parity.harness.sections.dist", "--seed", str(seed), "--device", device, "--engine", str(f.get("engine", "dcp"))]
+    if save:
+        args += ["--save", save, "--load", load]
+    return shlex.join(args)
+
+
+def to_section(verdicts: list[Verdict], seed: int, device: str, notes: str = "") -> Section:
+    """Rows in run order; shown fields restricted to ``COLUMNS``."""
+    rows = [
+        SectionRow(v.id, v.verdict, {k: v.fields[k] for k in COLUMNS if k in v.fields}, repro(v, seed, device), v.message)
+        for v in verdicts
+    ]
+    return Section(name="dist", title=TITLE, columns=COLUMNS, rows=rows, notes=notes)
+
+
+def run(suite: str, seed: int, device: str) -> Section:
+    """The ``dist`` section (see the module docstring)."""
+    plan = plan_for(suite, seed, device)
+    note = ""
+    if isinstance(plan, str) and device == "cuda":
+        # one GPU: the gloo matrix on the host's CPUs still runs; NCCL is reported as skipped
+        note = f"NCCL skipped ({plan}); this table is the gloo run on CPU"
+        device = "cpu"
+        plan = plan_for(suite, seed, device)
+    if isinstance(plan, str):
+        return to_section([Verdict("dist", "skip", {}, plan)], seed, device)
+    verdicts: list[Verdict] = []
+    with tempfile.TemporaryDirectory(prefix="parity-dist-") as workdir:
+        for engine in ENGINES:
+            # The negative controls prove the checks catch the bugs; that needs one engine only.
+            engine_plan = replace(plan, engine=engine, negative_controls=engine == "dcp")
+            verdicts += run_plan(engine_plan, f"{workdir}/{engine}")
+    layouts = ", ".join(lay.id for lay in plan.save_layouts)
+    notes = f"{'NCCL' if device == 'cuda' else 'gloo'} ranks per layout; layouts {layouts}; model {plan.cfg.id}; seed {seed}"
+    if note:
+        notes += f"; {note}"
+    return to_section(verdicts, seed, device, notes)

@@ -1,0 +1,25 @@
+"""Implementations we did not write, judged against the reference: Model-Optimizer and Transformer Engine.
+
+Each external code path is its own backend (``harness.core.contract``), so a report can say which one
+matched which reference variant:
+
+* ``modelopt``        -- Model-Optimizer 0.47.0 on CUDA tensors: its JIT-built CUDA extension
+  (INT, FP8) and its static blockwise Triton kernel (NVFP4);
+* ``modelopt-eager``  -- the same public functions on CPU tensors: its eager torch code;
+* ``te``, ``te-current`` -- Transformer Engine's own quantizers (delayed / current scaling),
+  quantize -> dequantize.
+
+``BACKENDS`` maps those names to ``module:object`` specs (the harness' ``--backend`` syntax).
+Importing this package imports no third-party library; each backend probes its own import in
+``available()`` and says why it cannot run.
+"""
+
+from __future__ import annotations
+
+BACKENDS: dict[str, str] = {
+    "modelopt": "moe_fq_parity.harness.sections.external.modelopt_backend:modelopt",
+    "modelopt-eager": "moe_fq_parity.harness.sections.external.modelopt_backend:modelopt_eager",
+    "te": "moe_fq_parity.harness.sections.external.te_backend:te",
+    "te-current": "moe_fq_parity.harness.sections.external.te_backend:te_current",
+}
+"""External backend name -> ``module:object``, in report order."""

@@ -1,0 +1,216 @@
+"""Model-Optimizer 0.47.0's tensor fake quant, wrapped in the backend contract.
+
+One backend object per Model-Optimizer code path, so a report can say which one matched:
+
+* ``modelopt`` (``device="cuda"``): the public autograd functions on CUDA tensors.  INT runs
+  ``fake_tensor_quant`` -> the JIT-built extension ``modelopt_cuda_ext`` (per tensor, or its
+  ``_with_axis`` kernel per channel); FP8 runs ``scaled_e4m3`` -> ``modelopt_cuda_ext_fp8``;
+  NVFP4 runs ``static_blockwise_fp4_fake_quant`` (Triton kernel; its E4M3 block-scale step goes
+  through ``scaled_e4m3``'s path again).  Model-Optimizer silently falls back to its eager code
+  when an extension fails to build, so ``available()`` builds both extensions with
+  ``raise_if_failed=True`` first: a fallback can never pass as the CUDA path.
+* ``modelopt-eager`` (``device="cpu"``): the same public functions on CPU tensors, which run
+  Model-Optimizer's eager torch code (INT: ``_tensor_quant``; FP8: ``fp8_eager``).  NVFP4 has no
+  CPU path in 0.47.0.
+
+Per-expert amax is a scalar per expert; per-channel amax ``[out]`` is passed as ``[out, 1]``
+(Model-Optimizer's layout for axis 0).  NVFP4: ``amax`` is the per-expert *global* amax and the
+per-block amax is the block max of the weight, as max calibration sets it.
+
+Beyond the contract: ``format_available(fmt)`` (per-format reason) and ``max_calibrate(batches,
+granularity)`` (``TensorQuantizer`` max calibration over a sequence of batches).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import torch
+
+from moe_fq_parity.reference import split_expert_amax
+from moe_fq_parity.reference.constants import E4M3_MAX, FORMAT_BITS, FORMATS, NVFP4_BLOCK
+from moe_fq_parity.reference.nvfp4 import block_amax
+
+from ._imports import try_import
+
+MODELOPT_VERSION = "0.47.0"
+"""The release whose semantics FINDINGS §5-§7 describe; another version is reported, not refused."""
+
+_TENSOR_QUANT = "modelopt.torch.quantization.tensor_quant"
+_INT_OPTIONS = frozenset({"narrow_range", "unsigned"})
+_OPTIONS: dict[str, frozenset[str]] = {"int8": _INT_OPTIONS, "int4": _INT_OPTIONS, "fp8_e4m3": frozenset(), "nvfp4": frozenset({"block_size"})}
+CALIB_GRANULARITIES = ("per_tensor", "per_channel")
+
+
+def modelopt_version() -> Optional[str]:
+    """Installed ``nvidia-modelopt`` version, or ``None``."""
+    try:
+        from importlib.metadata import version
+
+        return version("nvidia-modelopt")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+@lru_cache(maxsize=None)
+def _cuda_extension(kind: str) -> str:
+    """Build/load one Model-Optimizer CUDA extension; ``""`` on success, else the reason."""
+    ext, why = try_import("modelopt.torch.quantization.extensions")
+    if ext is None:
+        return why
+    getter = {"int": ext.get_cuda_ext, "fp8": ext.get_cuda_ext_fp8}[kind]
+    try:
+        loaded = getter(raise_if_failed=True)
+    except Exception as exc:  # noqa: BLE001 - a failed build is a reason
+        return f"modelopt {kind} CUDA extension failed to build: {type(exc).__name__}: {exc}"[:300]
+    return "" if loaded is not None else f"modelopt {kind} CUDA extension did not load"
+
+
+class ModeloptBackend:
+    """One Model-Optimizer code path (``path="cuda"`` or ``"eager"``) as a contract backend."""
+
+    def __init__(self, path: str) -> None:
+        if path not in ("cuda", "eager"):
+            raise ValueError(f"path must be 'cuda' or 'eager', got {path!r}")
+        self.path = path
+        self.name = "modelopt" if path == "cuda" else "modelopt-eager"
+        self.device = "cuda" if path == "cuda" else "cpu"
+        self.formats = set(FORMATS) if path == "cuda" else set(FORMATS) - {"nvfp4"}
+
+    def __repr__(self) -> str:
+        return f"ModeloptBackend(path={self.path!r})"
+
+    # -- availability -------------------------------------------------------------------------
+
+    def available(self) -> tuple[bool, str]:
+        """Importable, and on the CUDA path: a GPU and both extensions built (see module docstring)."""
+        tq, why = try_import(_TENSOR_QUANT)
+        if tq is None:
+            return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
+        if self.path == "eager":
+            return True, ""
+        if not torch.cuda.is_available():
+            return False, "no CUDA device: the CUDA-extension path needs a GPU"
+        reasons = [r for r in (_cuda_extension("int"), _cuda_extension("fp8")) if r]
+        return (not reasons), "; ".join(reasons)
+
+    def format_available(self, fmt: str) -> tuple[bool, str]:
+        """Whether this path runs ``fmt`` here, and why not."""
+        if fmt not in self.formats:
+            return False, f"{self.name} has no {fmt} path (Model-Optimizer {MODELOPT_VERSION} runs NVFP4 on CUDA only)"
+        ok, why = self.available()
+        if not ok:
+            return False, why
+        if fmt == "nvfp4":
+            gemm, why = try_import("modelopt.torch.kernels.quantization.gemm")
+            if gemm is None:
+                return False, why
+            if not getattr(gemm, "IS_AVAILABLE", False) or not hasattr(gemm, "static_blockwise_fp4_fake_quant"):
+                return False, "modelopt's Triton NVFP4 kernels are not available (needs triton and a CUDA GPU)"
+        return True, ""
+
+    # -- contract -----------------------------------------------------------------------------
+
+    def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, **options) -> list[torch.Tensor]:
+        """Fake-quantize each expert with Model-Optimizer's code (see the module docstring)."""
+        opts = self._check_options(fmt, options)
+        with torch.no_grad():
+            return [self._one(w, a, fmt, pass_through_bwd=True, **opts) for w, a in zip(weights, split_expert_amax(weights, amax))]
+
+    def ste_backward(
+        self, weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], fmt: str, mode: str, **options
+    ) -> list[torch.Tensor]:
+        """Input gradients from Model-Optimizer's autograd backward (``pass_through_bwd`` = ``mode == "pass_through"``)."""
+        if mode not in ("pass_through", "clipped"):
+            raise ValueError(f"mode must be 'pass_through' or 'clipped', got {mode!r}")
+        if len(grads) != len(weights):
+            raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
+        opts = self._check_options(fmt, options)
+        out = []
+        for w, a, g in zip(weights, split_expert_amax(weights, amax), grads):
+            if w.numel() == 0:
+                out.append(torch.zeros_like(g))
+                continue
+            x = w.detach().clone().requires_grad_(True)
+            y = self._one(x, a, fmt, pass_through_bwd=(mode == "pass_through"), **opts)
+            y.backward(g)
+            out.append(x.grad)
+        return out
+
+    # -- beyond the contract ------------------------------------------------------------------
+
+    def max_calibrate(self, batches: Sequence[torch.Tensor], granularity: str = "per_tensor") -> torch.Tensor:
+        """amax of Model-Optimizer's ``TensorQuantizer`` after max calibration over ``batches``.
+
+        ``per_tensor``: axis ``None``; ``per_channel``: axis 0 of ``[out, in]`` batches.  Returned
+        as Model-Optimizer keeps it (the batches' dtype), squeezed to ``()`` / ``[out]``.
+        """
+        if granularity not in CALIB_GRANULARITIES:
+            raise ValueError(f"granularity must be one of {CALIB_GRANULARITIES}, got {granularity!r}")
+        nn, why = try_import("modelopt.torch.quantization.nn")
+        cfg, why_cfg = try_import("modelopt.torch.quantization.config")
+        if nn is None or cfg is None:
+            raise RuntimeError(why or why_cfg)
+        axis = None if granularity == "per_tensor" else 0
+        quantizer = nn.TensorQuantizer(cfg.QuantizerAttributeConfig(num_bits=8, axis=axis)).to(self.device)
+        quantizer.enable_calib()
+        quantizer.disable_quant()
+        with torch.no_grad():
+            for b in batches:
+                quantizer(b.to(self.device))
+        quantizer.load_calib_amax()
+        return quantizer.amax.detach().reshape(-1 if axis == 0 else ()).cpu()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_options(self, fmt: str, options: dict) -> dict:
+        if fmt not in self.formats:
+            raise ValueError(f"{self.name} does not run {fmt}; it runs {sorted(self.formats)}")
+        opts = dict(options)
+        variant = opts.pop("variant", None)
+        if variant not in (None, "default"):
+            raise ValueError(f"{self.name} is one implementation and has no variant {variant!r}")
+        unknown = set(opts) - _OPTIONS[fmt]
+        if unknown:
+            raise TypeError(f"{self.name} {fmt} does not take option(s) {sorted(unknown)}; it takes {sorted(_OPTIONS[fmt])}")
+        return opts
+
+    def _one(self, w: torch.Tensor, a: torch.Tensor, fmt: str, *, pass_through_bwd: bool, **opts) -> torch.Tensor:
+        if w.numel() == 0:
+            return torch.empty_like(w)
+        tq, why = try_import(_TENSOR_QUANT)
+        if tq is None:
+            raise RuntimeError(why)
+        a = a.to(device=w.device, dtype=torch.float32)
+        a_mo = a.reshape(-1, 1) if a.dim() == 1 else a
+        if fmt in FORMAT_BITS:
+            return tq.fake_tensor_quant(
+                w, a_mo, None, FORMAT_BITS[fmt], bool(opts.get("unsigned", False)), bool(opts.get("narrow_range", False)),
+                None, pass_through_bwd,
+            )
+        if fmt == "fp8_e4m3":
+            return tq.scaled_e4m3(w, a_mo, None, 4, 3, None, pass_through_bwd)
+        return self._nvfp4(tq, w, a, pass_through_bwd=pass_through_bwd, block_size=int(opts.get("block_size", NVFP4_BLOCK)))
+
+    def _nvfp4(self, tq, w: torch.Tensor, g: torch.Tensor, *, pass_through_bwd: bool, block_size: int) -> torch.Tensor:
+        ok, why = self.format_available("nvfp4")
+        if not ok:
+            raise RuntimeError(why)
+        if g.dim() != 0:
+            raise ValueError("NVFP4 takes one global amax per expert, not per channel")
+        if w.shape[-1] % block_size:
+            raise ValueError(f"modelopt's static NVFP4 kernel needs the last dim ({w.shape[-1]}) to be a multiple of {block_size}")
+        # blocks as their own axis, as TensorQuantizer lays them out: the kernel reads the flat
+        # buffer either way, and the clipped backward (|x| <= block amax) then broadcasts per block
+        blocks = w.reshape(*w.shape[:-1], -1, block_size)
+        bamax = block_amax(w.detach(), block_size).unsqueeze(-1)
+        y = tq.static_blockwise_fp4_fake_quant(blocks, bamax, g, True, E4M3_MAX, None, pass_through_bwd)
+        return y.reshape(w.shape)
+
+
+modelopt = ModeloptBackend("cuda")
+"""Model-Optimizer's CUDA extension (INT, FP8) and Triton (NVFP4) path."""
+
+modelopt_eager = ModeloptBackend("eager")
+"""Model-Optimizer's eager torch path on CPU tensors (INT, FP8)."""

@@ -1,0 +1,139 @@
+"""Report section ``external``: which reference variant each external backend matches, per format.
+
+For every backend of ``harness.external.BACKENDS`` that can run here, and every format it runs:
+
+* a ``variants`` row per format (INT: wide and narrow range): the reference variants it matches
+  bit for bit, the mismatch count against each, and the variant it is expected to match
+  (``EXPECTED``).  The row passes when the expected variant is among the matched ones; it fails
+  when the reference has no such variant or the backend differs from it (first offenders in the
+  message, all of them in ``python -m moe_fq_parity.harness.sections.external.variant_match``);
+* STE rows (both modes, per expert and per channel) and calibration rows, where the backend has them.
+
+A backend that cannot run here gives one ``skip`` row with its reason; a format it cannot run
+here, one ``skip`` row per format.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from moe_fq_parity import reference
+
+from . import BACKENDS
+from .checks import calibration_rows, ste_rows
+from .match_cases import Case, build_cases
+from .modelopt_backend import modelopt_version
+from .registry import resolve
+from .te_backend import te_version
+from .variant_match import FormatMatch, match_variants
+from moe_fq_parity.harness.core.contract import backend_available
+from moe_fq_parity.harness.sections import Section, SectionRow
+
+SUITE_SIZES: dict[str, dict[str, int]] = {
+    "smoke": {"n_ties": 40, "n_split": 2},
+    "ci": {"n_ties": 100, "n_split": 3},
+    "nightly": {"n_ties": 2000, "n_split": 8},
+    "ultra": {"n_ties": 2000, "n_split": 8},
+}
+"""Near-tie constructions and variant-splitting amax per suite."""
+
+EXPECTED: dict[tuple[str, str], str] = {
+    **{("modelopt", f): "cuda" for f in ("int8", "int4", "fp8_e4m3")},
+    ("modelopt", "nvfp4"): "modelopt_static",
+    **{("modelopt-eager", f): "eager" for f in ("int8", "int4", "fp8_e4m3")},
+    ("te", "fp8_e4m3"): "cuda",
+    ("te-current", "fp8_e4m3"): "cuda",
+    ("te", "nvfp4"): "te",
+}
+"""The reference variant each external path is expected to match (FINDINGS §5-§7; the eager
+path's op order as measured here: ``eager`` is not yet a reference variant, see the README)."""
+
+COLUMNS = ["backend", "format", "options", "expected", "matched", "mismatches", "elements", "near_ties"]
+
+
+def _options(fmt: str) -> list[dict[str, Any]]:
+    return [{}, {"narrow_range": True}] if fmt in ("int8", "int4") else [{}]
+
+
+def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:
+    narrow = " --narrow-range" if options.get("narrow_range") else ""
+    return (f"python -m moe_fq_parity.harness.sections.external.variant_match --backend {name} --format {fmt} --seed {seed} "
+            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}")
+
+
+def variants_row(m: FormatMatch, expected: Optional[str], repro: str) -> SectionRow:
+    """The ``variants`` row of one backend and format (see the module docstring)."""
+    opt = ",".join(f"{k}={v}" for k, v in sorted(m.options.items())) or "default"
+    rid = f"external/{m.backend}/{m.fmt}/variants" + ("" if opt == "default" else f"/{opt}")
+    fields = {
+        "backend": m.backend, "format": m.fmt, "options": opt, "expected": expected or "-",
+        "matched": ", ".join(m.matched) or "none",
+        "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
+        "elements": m.numel, "near_ties": m.near_tie,
+    }
+    if m.declined:
+        fields["declined"] = " | ".join(m.declined)[:300]
+    if m.errors:
+        return SectionRow(rid, "fail", fields, repro, "backend raised: " + " | ".join(m.errors)[:400])
+    if expected is not None and expected not in m.variant_names:
+        return SectionRow(rid, "fail", fields, repro,
+                          f"the reference has no variant {expected!r} (known: {list(m.variant_names)}); {_first(m, None)}")
+    ok = expected in m.matched if expected is not None else bool(m.matched)
+    return SectionRow(rid, "pass" if ok else "fail", fields, repro, "" if ok else _first(m, expected))
+
+
+def _first(m: FormatMatch, variant: Optional[str]) -> str:
+    """The first offenders against ``variant`` (or the closest variant), as text."""
+    if variant is None:
+        variant = min(m.variant_names, key=lambda v: m.mismatches(v) or 0)
+    out = []
+    for c in m.cases:
+        for v in c.variants:
+            if v.variant == variant:
+                out += [f"{c.case}: amax {o.amax_hex} x {o.x_hex} -> {o.got_hex}, {variant} {o.expected_hex} ({o.cls})" for o in v.offenders[:2]]
+    return f"vs {variant}: " + "; ".join(out[:6]) if out else f"vs {variant}: no offenders listed"
+
+
+def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device: str, cache: dict) -> list[SectionRow]:
+    """All rows of one external backend (``spec``: its ``module:object``)."""
+    obj = resolve(spec)
+    ok, why = backend_available(obj)
+    if ok and device == "cpu" and getattr(obj, "device", "cpu") != "cpu":
+        ok, why = False, f"section run with device=cpu; {name} runs on {obj.device}"
+    if not ok:
+        return [SectionRow(f"external/{name}", "skip", {"backend": name}, message=why)]
+    rows: list[SectionRow] = []
+    for fmt in [f for f in reference.FORMATS if f in obj.formats]:
+        fok, fwhy = obj.format_available(fmt) if hasattr(obj, "format_available") else (True, "")
+        if not fok:
+            rows.append(SectionRow(f"external/{name}/{fmt}", "skip", {"backend": name, "format": fmt}, message=fwhy))
+            continue
+        for opts in _options(fmt):
+            only = fmt in getattr(obj, "calibrated_only", ())
+            key = (fmt, only, tuple(sorted(opts.items())))
+            if key not in cache:
+                cache[key] = build_cases(fmt, seed=seed, calibrated_only=only, **sizes, **opts)
+            cases: list[Case] = cache[key]
+            m = match_variants(obj, fmt, cases=cases, **opts)
+            rows.append(variants_row(m, EXPECTED.get((name, fmt)), _repro(name, fmt, seed, sizes, opts)))
+        if hasattr(obj, "ste_backward"):
+            rows += ste_rows(obj, fmt, seed, f"external/{name}")
+    rows += calibration_rows(obj, seed, f"external/{name}")
+    return rows
+
+
+def run(suite: str, seed: int, device: str) -> Section:
+    """Section runner (``harness.sections.SECTION_RUNNERS["external"]``)."""
+    if suite not in SUITE_SIZES:
+        raise ValueError(f"unknown suite {suite!r}; known: {sorted(SUITE_SIZES)}")
+    sizes = SUITE_SIZES[suite]
+    cache: dict = {}
+    rows: list[SectionRow] = []
+    for name, spec in BACKENDS.items():
+        rows += backend_rows(name, spec, seed, sizes, device, cache)
+    notes = (f"nvidia-modelopt {modelopt_version() or 'not installed'}; transformer_engine {te_version() or 'not importable'}; "
+             f"torch {torch.__version__}; 'modelopt' = CUDA extension (INT, FP8) and Triton (NVFP4) path, "
+             f"'modelopt-eager' = its eager torch code on CPU; suite {suite}: {sizes}")
+    return Section("external", "External implementations vs reference variants", COLUMNS, rows, notes)

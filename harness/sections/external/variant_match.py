@@ -1,0 +1,264 @@
+"""Which reference variant does a backend match bit for bit?  Run every variant, count, list.
+
+For one backend and one format, every reference variant (``reference.variants(fmt)``) is
+evaluated on the same inputs as the backend (``harness.sections.external.match_cases``) and compared
+element by element with ``harness.core.ulp.compare`` (value equality: ``+0 == -0``, NaN == NaN; the
+classes exact / ulp1 / tie_flip / error) and ``harness.core.ulp.bits_equal`` (bit equality; NaN
+payloads counted apart).  A variant *matches* when no element differs: in value, or in the sign
+of a zero.  NaN payloads are not part of the match (the reference writes the canonical NaN
+``0x7FFF``; torch's CPU casts keep sign and payload): ``nan_bits`` counts them.
+
+Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from moe_fq_parity import reference
+from moe_fq_parity.harness.core.contract import backend_device
+from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
+
+from . import probes
+from .match_cases import Case, build_cases
+
+DEFAULT_CAP = 64
+"""Offenders listed per variant and case (all are counted)."""
+
+
+@dataclass(frozen=True)
+class Offender:
+    """One element where the backend differs from a variant (bits as hex, values as floats)."""
+
+    index: int
+    amax: float
+    amax_hex: str
+    x: float
+    x_hex: str
+    expected: float
+    expected_hex: str
+    got: float
+    got_hex: str
+    pre_round: float
+    ulp: int
+    cls: str
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """Backend vs one reference variant on one case."""
+
+    variant: str
+    numel: int
+    mismatches: int
+    """Elements that differ in value (``counts`` minus exact) plus sign-of-zero differences."""
+    counts: dict[str, int]
+    max_ulp: int
+    bit_mismatches: int
+    nan_bits: int
+    signed_zero: int
+    offenders: tuple[Offender, ...] = field(default=())
+
+    @property
+    def matches(self) -> bool:
+        return self.mismatches == 0
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """All variants on one case; ``error`` holds the backend's exception text if it raised."""
+
+    case: str
+    numel: int
+    near_tie: int
+    variants: tuple[VariantResult, ...]
+    error: str = ""
+    declined: str = ""
+    """The backend raised ``NotImplementedError`` (the contract's way to decline a case): not counted."""
+
+
+@dataclass(frozen=True)
+class FormatMatch:
+    """One backend, one format: per case, per variant."""
+
+    backend: str
+    fmt: str
+    options: dict[str, Any]
+    cases: tuple[CaseResult, ...]
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(f"{c.case}: {c.error}" for c in self.cases if c.error)
+
+    @property
+    def declined(self) -> tuple[str, ...]:
+        return tuple(f"{c.case}: {c.declined}" for c in self.cases if c.declined)
+
+    def mismatches(self, variant: str) -> Optional[int]:
+        """Total value mismatches against ``variant`` (``None`` if a case errored)."""
+        if self.errors:
+            return None
+        return sum(v.mismatches for c in self.cases for v in c.variants if v.variant == variant)
+
+    @property
+    def variant_names(self) -> tuple[str, ...]:
+        return reference.variants(self.fmt)
+
+    @property
+    def matched(self) -> tuple[str, ...]:
+        """Variants with zero value mismatches over every case."""
+        return tuple(v for v in self.variant_names if self.mismatches(v) == 0)
+
+    @property
+    def numel(self) -> int:
+        return sum(c.numel for c in self.cases)
+
+    @property
+    def near_tie(self) -> int:
+        return sum(c.near_tie for c in self.cases)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["matched"] = list(self.matched)
+        d["totals"] = {v: self.mismatches(v) for v in self.variant_names}
+        return d
+
+
+def _run_backend(backend: object, case: Case, fmt: str, options: dict) -> torch.Tensor:
+    dev = backend_device(backend)
+    outs = backend.fake_quant([w.to(dev) for w in case.weights], case.amax.to(dev), fmt, **options)
+    return torch.cat([o.detach().reshape(-1).cpu() for o in outs])
+
+
+def _reference(case: Case, fmt: str, variant: str, options: dict) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Flat output, pre-round values and grid rounding of one variant (stacked when possible)."""
+    if case.stacked is not None:
+        tr = reference.fake_quant_traced(case.stacked, case.stacked_amax, fmt, variant, **options)
+        return tr.out.reshape(-1), tr.pre_round.reshape(-1), tr.grid_round
+    outs, pres, grid = [], [], None
+    for w, a in zip(case.weights, reference.split_expert_amax(case.weights, case.amax)):
+        tr = reference.fake_quant_traced(w, a, fmt, variant, **options)
+        outs.append(tr.out.reshape(-1))
+        pres.append(tr.pre_round.reshape(-1))
+        grid = tr.grid_round
+    return torch.cat(outs), torch.cat(pres), grid
+
+
+def _offenders(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, comp: Comparison, cap: int) -> tuple[Offender, ...]:
+    """The first ``cap`` differing elements: value mismatches in index order, then zero-sign ones."""
+    zero_sign = torch.nonzero((expected == 0) & (got == 0) & (torch.signbit(expected) != torch.signbit(got))).reshape(-1)
+    idx = torch.cat([comp.mismatch_index, zero_sign])[:max(cap, 0)]
+    if idx.numel() == 0:
+        return ()
+    n_val = comp.mismatch_index.numel()
+    x, a, e, g = case.flat_input()[idx], case.elem_amax[idx], expected[idx], got[idx]
+    ah, xh, eh, gh = (probes.hex_bits(t) for t in (a, x, e, g))
+    out = []
+    for k, i in enumerate(idx.tolist()):
+        ulp, cls = (int(comp.mismatch_ulp[k]), CLASSES[int(comp.mismatch_class[k])]) if k < n_val else (0, "signed_zero")
+        out.append(Offender(index=i, amax=float(a[k]), amax_hex=ah[k], x=float(x[k]), x_hex=xh[k], expected=float(e[k]),
+                            expected_hex=eh[k], got=float(g[k]), got_hex=gh[k], pre_round=float(pre[i]), ulp=ulp, cls=cls))
+    return tuple(out)
+
+
+def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP, **options) -> CaseResult:
+    """Compare the backend with every reference variant on one case."""
+    try:
+        got = _run_backend(backend, case, fmt, options)
+    except NotImplementedError as exc:
+        return CaseResult(case.name, 0, 0, (), declined=f"{exc}"[:300])
+    except Exception as exc:  # noqa: BLE001 - recorded, not swallowed: the row fails with it
+        return CaseResult(case.name, case.numel, 0, (), error=f"{type(exc).__name__}: {exc}"[:500])
+    results, ties = [], torch.zeros(case.numel, dtype=torch.bool)
+    for v in reference.variants(fmt):
+        expected, pre, grid_round = _reference(case, fmt, v, options)
+        ties |= near_tie(pre, grid_round) & torch.isfinite(pre)
+        comp = compare(expected, got, pre, grid_round)
+        same = bits_equal(expected, got)
+        results.append(VariantResult(
+            variant=v, numel=case.numel, mismatches=case.numel - comp.counts["exact"] + comp.signed_zero, counts=comp.counts, max_ulp=comp.max_ulp,
+            bit_mismatches=int((~same).sum()), nan_bits=int((~same & torch.isnan(expected) & torch.isnan(got)).sum()),
+            signed_zero=comp.signed_zero, offenders=_offenders(case, expected, got, pre, comp, cap),
+        ))
+    return CaseResult(case.name, case.numel, int(ties.sum()), tuple(results))
+
+
+def match_variants(
+    backend: object, fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, cap: int = DEFAULT_CAP,
+    cases: Optional[Sequence[Case]] = None, **options,
+) -> FormatMatch:
+    """Run ``backend`` and every reference variant of ``fmt`` over the cases and compare.
+
+    * ``seed``, ``n_ties``, ``n_split``: passed to ``match_cases.build_cases`` (calibrated case
+      only for a format in the backend's ``calibrated_only``);
+    * ``cap``: offenders listed per variant and case (all are counted);
+    * ``cases``: precomputed cases (to share them between backends);
+    * ``options``: format options passed to both sides (``narrow_range``, ``unsigned``, ``block_size``).
+    """
+    if cases is None:
+        only = fmt in getattr(backend, "calibrated_only", ())
+        cases = build_cases(fmt, seed=seed, n_ties=n_ties, n_split=n_split, calibrated_only=only, **options)
+    name = getattr(backend, "name", type(backend).__name__)
+    return FormatMatch(name, fmt, dict(options), tuple(match_case(backend, c, fmt, cap=cap, **options) for c in cases))
+
+
+def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
+    """Human-readable lines: per case and variant, value mismatches (bit-level differences apart)."""
+    lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'} ({m.numel} elements, {m.near_tie} near ties)"]
+    for c in m.cases:
+        if c.error:
+            lines.append(f"  {c.case}: backend raised {c.error}")
+            continue
+        per = ", ".join(f"{v.variant}={v.mismatches} (max {v.max_ulp} ulp; bits {v.bit_mismatches}, nan-bits {v.nan_bits}, "
+                        f"-0 {v.signed_zero})" for v in c.variants)
+        lines.append(f"  {c.case} [{c.numel} el, {c.near_tie} near ties]: {per}")
+        for v in c.variants:
+            for o in v.offenders[:offenders]:
+                lines.append(f"    vs {v.variant}: amax {o.amax_hex} x {o.x_hex} expected {o.expected_hex} got {o.got_hex} "
+                             f"({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI: print the match of one backend per format; ``--json`` writes every record."""
+    from .registry import load_backend
+
+    p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
+    p.add_argument("--backend", required=True, help="an external backend name (harness.external.BACKENDS) or module:object")
+    p.add_argument("--format", dest="fmt", action="append", help="format (repeatable); default: all the backend runs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-ties", type=int, default=200)
+    p.add_argument("--n-split", type=int, default=4)
+    p.add_argument("--cap", type=int, default=DEFAULT_CAP)
+    p.add_argument("--show", type=int, default=4, help="offenders printed per variant and case")
+    p.add_argument("--narrow-range", action="store_true", help="INT formats: narrow range")
+    p.add_argument("--json", help="write the full records (offenders included) to this file")
+    args = p.parse_args(argv)
+    backend, why = load_backend(args.backend)
+    if backend is None:
+        print(f"{args.backend}: unavailable: {why}")
+        return 2
+    results = []
+    for fmt in args.fmt or sorted(backend.formats):
+        probe = getattr(backend, "format_available", None)
+        fok, fwhy = probe(fmt) if callable(probe) else (True, "")
+        if not fok:
+            print(f"{getattr(backend, 'name', args.backend)} {fmt}: not run here: {fwhy}")
+            continue
+        opts = {"narrow_range": True} if args.narrow_range and fmt in ("int8", "int4") else {}
+        m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
+        print("\n".join(summary_lines(m, offenders=args.show)))
+        results.append(m.to_json())
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Bitwise comparison of tensor lists and the row collector every MoE check writes to.
+
+``bit_diff`` compares bit patterns (``harness.core.ulp.bits_equal``: ``+0 != -0``, NaN only equal to
+the same NaN bits), collects *every* mismatch count and the first offenders, and never stops
+at the first difference.  ``RowSink.guard`` turns an exception inside a check into a failing
+row carrying the exception type, message and location, instead of losing it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from moe_fq_parity.harness.sections import SectionRow
+from moe_fq_parity.harness.core.ulp import bits_equal
+
+from .roles import Role
+
+MAX_OFFENDERS = 3
+
+
+@dataclass(frozen=True)
+class BitDiff:
+    """Result of comparing two lists of tensors element by element, bit for bit."""
+
+    numel: int
+    mismatches: int
+    offenders: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return self.mismatches == 0 and not self.problems
+
+    def summary(self) -> str:
+        parts = list(self.problems) + list(self.offenders)
+        return "; ".join(parts)
+
+
+_BITS = {torch.float32: (torch.int32, 8, 0xFFFFFFFF), torch.bfloat16: (torch.int16, 4, 0xFFFF), torch.float16: (torch.int16, 4, 0xFFFF)}
+
+
+def _fmt(v: torch.Tensor) -> str:
+    """``value (0xbits)`` of a one-element tensor."""
+    int_dtype, width, mask = _BITS[v.dtype]
+    bits = int(v.reshape(1).view(int_dtype).item()) & mask
+    return f"{float(v):.9g} (0x{bits:0{width}x})"
+
+
+def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, label: str = "expert") -> BitDiff:
+    """Compare ``expected[k]`` with ``got[k]`` for every k (same count, shapes and dtypes required)."""
+    problems: list[str] = []
+    offenders: list[str] = []
+    numel = mismatches = 0
+    if len(expected) != len(got):
+        problems.append(f"{len(expected)} expected tensors, {len(got)} got")
+    for k, (e, g) in enumerate(zip(expected, got)):
+        g = g.detach().to(e.device)
+        e = e.detach()
+        if e.shape != g.shape or e.dtype != g.dtype:
+            problems.append(f"{label} {k}: expected {e.dtype}{tuple(e.shape)}, got {g.dtype}{tuple(g.shape)}")
+            continue
+        numel += e.numel()
+        eq = bits_equal(e, g)
+        bad = (~eq).nonzero()
+        mismatches += bad.shape[0]
+        room = max(MAX_OFFENDERS - len(offenders), 0)
+        for idx in bad[:room].tolist():
+            t = tuple(idx)
+            offenders.append(f"{label} {k} at {t}: expected {_fmt(e[t])}, got {_fmt(g[t])}")
+    return BitDiff(numel, mismatches, tuple(offenders), tuple(problems))
+
+
+POWER_OF_TWO_BLIND: tuple[str, ...] = ("fp8_e4m3", "nvfp4")
+"""Formats whose fake quant does not change (outside E4M3 subnormals and saturation) when amax
+is multiplied by ``2**k``: the scale, the scaled values and the dequantization all shift by
+the same exact power of two.  For them, amax that differ only by a power of two are no
+evidence that a per-expert check can tell experts apart."""
+
+
+def visible_amax(a: torch.Tensor, fmt: str) -> torch.Tensor:
+    """What of an fp32 amax ``fmt`` can see: the mantissa bits for ``POWER_OF_TWO_BLIND``, else the bits."""
+    bits = a.detach().to(torch.float32).contiguous().view(torch.int32)
+    return bits & 0x7FFFFF if fmt in POWER_OF_TWO_BLIND else bits
+
+
+def count_distinct(tensors: Sequence[torch.Tensor], fmt: str | None = None) -> int:
+    """Number of distinct tensors in the list: bitwise, or as ``fmt`` sees them (``visible_amax``)."""
+    seen: list[torch.Tensor] = []
+    for t in tensors:
+        key = visible_amax(t, fmt) if fmt else t.detach().to(torch.float32).contiguous().view(torch.int32)
+        if not any(torch.equal(key, s) for s in seen):
+            seen.append(key)
+    return len(seen)
+
+
+def elementwise_max(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.maximum`` folded over the list (exact; NaN-propagating)."""
+    acc = tensors[0]
+    for t in tensors[1:]:
+        acc = torch.maximum(acc, t)
+    return acc
+
+
+def short(values: Sequence[torch.Tensor], limit: int = 8) -> str:
+    """``[v0, v1, ...]`` of scalar (or first-element) values, at most ``limit`` shown."""
+    vals = [f"{float(v.reshape(-1)[0]) if v.numel() else float('nan'):.6g}" for v in values[:limit]]
+    more = f", ... ({len(values)} total)" if len(values) > limit else ""
+    return "[" + ", ".join(vals) + more + "]"
+
+
+@dataclass
+class RowSink:
+    """Collects ``SectionRow`` s under one id prefix (``{backend}/{spec}/{shape}``) and seed."""
+
+    prefix: str
+    suite: str
+    seed: int
+    device: str
+    base_fields: dict[str, Any] = field(default_factory=dict)
+    rows: list[SectionRow] = field(default_factory=list)
+
+    def row_id(self, role: Role | str, check: str) -> str:
+        rid = role.id if isinstance(role, Role) else role
+        return f"{self.prefix}/{rid}/{check}/s{self.seed}"
+
+    def repro(self, row_id: str) -> str:
+        return f"python -m moe_fq_parity.harness.sections.moe --suite {self.suite} --seed {self.seed} --device {self.device} --filter '{row_id}'"
+
+    def add(self, role: Role | str, check: str, *, ok: bool, expected: str, measured: str, mismatches: int | str = "", detail: str = "") -> None:
+        rid = self.row_id(role, check)
+        fields = dict(self.base_fields)
+        fields.update(role=role.id if isinstance(role, Role) else role, check=check, expected=expected, measured=measured, mismatches=mismatches, detail=detail)
+        self.rows.append(SectionRow(id=rid, verdict="pass" if ok else "fail", fields=fields, repro=self.repro(rid), message="" if ok else detail))
+
+    def add_diff(self, role: Role | str, check: str, diff: BitDiff, *, expect_equal: bool = True, what: str = "bitwise equal") -> None:
+        ok = diff.equal if expect_equal else not diff.equal
+        self.add(
+            role, check, ok=ok,
+            expected=what if expect_equal else f"not {what}",
+            measured=("equal" if diff.equal else f"{diff.mismatches}/{diff.numel} differ") + (" (shape/dtype problems)" if diff.problems else ""),
+            mismatches=diff.mismatches, detail=diff.summary(),
+        )
+
+    @contextmanager
+    def guard(self, role: Role | str, check: str) -> Iterator[None]:
+        """Run a check body; an exception becomes a failing row (type, message, innermost frame)."""
+        try:
+            yield
+        except Exception as exc:  # recorded in full below, never swallowed silently
+            tb = traceback.extract_tb(exc.__traceback__)[-1]
+            self.add(role, check, ok=False, expected="no exception", measured=type(exc).__name__,
+                     detail=f"{type(exc).__name__}: {exc} (at {tb.filename}:{tb.lineno})")

@@ -1,0 +1,236 @@
+"""Built-in mutants: backends that meet the contract but carry one bug a real kernel could have.
+
+Each mutant computes the reference's default semantics except for one deliberate change, written
+as a small function here (a *mutated copy* of one step of the op sequence in ``reference/``).
+``moe-fq-parity selftest`` runs every mutant through the relevant suite and requires that some
+check fails on some generated case (the mutant is *killed*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from moe_fq_parity import reference as R
+from moe_fq_parity.reference.constants import E4M3_MAX, FORMAT_BITS, TINY_AMAX, int_bounds
+from moe_fq_parity.reference.nvfp4 import from_blocks, to_blocks
+from moe_fq_parity.reference.rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, round_to_minifloat, to_output_dtype
+
+Tensor = torch.Tensor
+
+
+# --- mutated single steps -------------------------------------------------------------------
+
+def _int_fq(x: Tensor, a: Tensor, fmt: str, *, unsigned=False, narrow_range=False, scale="div", rnd="even",
+            clamp=True, dequant="div", tiny="zero", cast="rne") -> Tensor:
+    """INT fake quant of one expert with selectable (mutated) steps; defaults = reference ``cuda``."""
+    lo, qmax = int_bounds(FORMAT_BITS[fmt], unsigned=unsigned, narrow_range=narrow_range)
+    xf = x.float()
+    a = a.float().reshape(a.shape + (1,) * (x.dim() - a.dim()))
+    q_t = fp32_scalar_like(qmax, xf)
+    s = q_t / a if scale == "div" else torch.reciprocal(a) * q_t
+    v = xf * s
+    r = torch.round(v) if rnd == "even" else torch.sign(v) * torch.floor(v.abs() + 0.5)
+    q = torch.clamp(r, lo, qmax) if clamp else r
+    y = q / s if dequant == "div" else q * torch.reciprocal(s)
+    if tiny == "zero":
+        y = torch.where(a < TINY_AMAX, torch.zeros(()), y)
+    else:  # amax == 0 passes x through
+        y = torch.where(a == 0, xf, torch.where(a < TINY_AMAX, torch.zeros(()), y))
+    return _cast(y, x.dtype, cast)
+
+
+def _fp8_fq(x: Tensor, a: Tensor, *, saturate=True, tiny="one", cast="rne") -> Tensor:
+    xf = x.float()
+    a = a.float().reshape(a.shape + (1,) * (x.dim() - a.dim()))
+    if tiny == "one":
+        a = torch.where(a <= TINY_AMAX, torch.ones(()), a)
+    s = fp32_scalar_like(E4M3_MAX, xf) / a
+    inv = fp32_scalar_like(1.0, xf) / s
+    v = xf * s
+    if saturate:
+        e = round_to_e4m3(v)
+    else:  # no saturation: values past 448 keep growing on the e4m3 exponent grid
+        e = round_to_minifloat(v, mantissa_bits=3, min_normal_exp=-6, max_value=float("inf"))
+    y = e * inv
+    if tiny == "passthrough":
+        y = torch.where(a == 0, xf, y)
+    return _cast(y, x.dtype, cast)
+
+
+def _e2m1_ties_up(v: Tensor) -> Tensor:
+    """E2M1 rounding with ties away from zero instead of to even."""
+    c = torch.clamp(v, -6.0, 6.0)
+    _, e = torch.frexp(c)
+    k = torch.clamp_min(e - 2, -1).float()
+    step = torch.pow(2.0, k)
+    return torch.sign(c) * torch.floor(c.abs() / step + 0.5) * step
+
+
+def _nvfp4_fq(x: Tensor, g: Tensor, *, block_size=16, e2m1=round_to_e2m1, round_block_scale=True, write_tail=True,
+              cast="rne") -> Tensor:
+    xf = x.float()
+    n = x.shape[-1]
+    xb = to_blocks(xf, block_size)
+    g = g.float().reshape(g.shape + (1,) * (xb.dim() - g.dim()))
+    fmax = fp32_scalar_like(torch.finfo(torch.float32).max, xf)
+    ge = torch.minimum(fp32_scalar_like(2688.0, xf) / g, fmax)
+    ge = torch.where(ge == 0, torch.ones(()), ge)
+    gd = fp32_scalar_like(1.0, xf) / ge
+    mult = ge * torch.reciprocal(fp32_scalar_like(6.0, xf))
+    ds = xb.abs().amax(dim=-1, keepdim=True) * mult
+    ds8 = round_to_e4m3(ds) if round_block_scale else torch.clamp(ds, max=E4M3_MAX)
+    es = torch.minimum(fp32_scalar_like(1.0, xf) / (ds8 * gd), fmax)
+    y = from_blocks((e2m1(xb * es) * ds8) * gd, n)
+    if not write_tail and n % block_size:
+        y[..., n - n % block_size:] = 0.0  # last partial block never stored (buffer was zeroed)
+    return _cast(y, x.dtype, cast)
+
+
+def _cast(y: Tensor, dtype: torch.dtype, how: str) -> Tensor:
+    if how == "rne" or dtype == torch.float32:
+        return to_output_dtype(y, dtype)
+    bits = y.view(torch.int32)
+    if dtype == torch.bfloat16:  # truncate: drop the low 16 bits
+        return (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    return y.to(dtype)
+
+
+# --- the mutant backends ----------------------------------------------------------------------
+
+Expert = Callable[..., Tensor]
+
+
+@dataclass
+class Mutant:
+    """A contract-conforming backend with one bug.  ``bug`` says what a reviewer should look for."""
+
+    name: str
+    bug: str
+    formats: set[str]
+    forward: Callable[..., list[Tensor]] | None = None
+    backward: Callable[..., list[Tensor]] | None = None
+    device: str = "cpu"
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def fake_quant(self, weights: Sequence[Tensor], amax: Tensor, fmt: str, **options) -> list[Tensor]:
+        if fmt not in self.formats:
+            raise ValueError(f"{self.name} does not implement {fmt}")
+        variant = options.pop("variant", None)
+        if variant not in (None, "default", R.default_variant(fmt)):
+            raise ValueError(f"{self.name} implements only the default variant of {fmt}")
+        if self.forward is None:
+            return R.fake_quant_experts(weights, amax, fmt, **options)
+        return self.forward(self, list(weights), amax, fmt, **options)
+
+    def ste_backward(self, weights, amax, grads, fmt, mode, **options) -> list[Tensor]:
+        if self.backward is None:
+            return R.ste_backward_experts(weights, amax, grads, mode)
+        return self.backward(self, list(weights), amax, list(grads), fmt, mode)
+
+
+def _per_expert(step: Callable[..., Tensor]):
+    """forward(...) applying ``step(x, a_i, fmt, i, weights, amax, **options)`` per expert."""
+
+    def forward(self: Mutant, weights, amax, fmt, **options):
+        per = R.split_expert_amax(weights, amax)
+        return [step(w, a, fmt, i, weights, amax, **options) for i, (w, a) in enumerate(zip(weights, per))]
+
+    return forward
+
+
+def _int_or_fp8(int_kw: dict, fp8_kw: dict | None = None):
+    def step(w, a, fmt, i, weights, amax, **options):
+        if fmt == "fp8_e4m3":
+            return _fp8_fq(w, a, **(fp8_kw or {}))
+        return _int_fq(w, a, fmt, **options, **int_kw)
+
+    return _per_expert(step)
+
+
+def _neighbour_amax(self, weights, amax, fmt, **options):
+    n = len(weights)
+    rolled = torch.roll(amax, shifts=-1, dims=0) if n > 1 else amax
+    return R.fake_quant_experts(weights, rolled, fmt, **options)
+
+
+def _channel_wrong_axis(self, weights, amax, fmt, **options):
+    out = []
+    for w, a in zip(weights, R.split_expert_amax(weights, amax)):
+        if a.dim() == 1 and w.numel():  # per channel: amax indexed by column instead of row
+            cols = torch.arange(w.shape[1]) % a.shape[0]
+            blocks = [R.fake_quant(w[:, j : j + 1], a[cols[j]].expand(w.shape[0]), fmt, **options) for j in range(w.shape[1])]
+            out.append(torch.cat(blocks, dim=1))
+        else:
+            out.append(R.fake_quant(w, a, fmt, **options))
+    return out
+
+
+def _ragged_expert0_size(self, weights, amax, fmt, **options):
+    ref = R.fake_quant_experts(weights, amax, fmt, **options)
+    n0 = weights[0].numel() if weights else 0
+    out = []
+    for w, y in zip(weights, ref):
+        if w.numel() > n0:  # elements past expert 0's size never processed: left as input
+            y = y.clone().reshape(-1)
+            y[n0:] = w.reshape(-1)[n0:]
+            y = y.reshape(w.shape)
+        out.append(y)
+    return out
+
+
+def _stale_cache(self, weights, amax, fmt, **options):
+    key = (fmt, tuple(w.data_ptr() for w in weights), tuple(sorted(options.items())))
+    if key not in self._cache:  # amax gathered once per set of weights and never invalidated
+        self._cache[key] = amax.clone()
+    return R.fake_quant_experts(weights, self._cache[key], fmt, **options)
+
+
+def _nvfp4(kw: dict):
+    def step(w, a, fmt, i, weights, amax, **options):
+        if fmt != "nvfp4":
+            return R.fake_quant(w, a, fmt, **options)
+        return _nvfp4_fq(w, a, block_size=options.get("block_size", 16), **kw)
+
+    return _per_expert(step)
+
+
+def _clipped_lt(self, weights, amax, grads, fmt, mode):
+    if mode == "pass_through":
+        return grads
+    return [torch.where(w.float().abs() < a.float().reshape(a.shape + (1,) * (w.dim() - a.dim())), g, torch.zeros((), dtype=g.dtype))
+            for w, a, g in zip(weights, R.split_expert_amax(weights, amax), grads)]
+
+
+def _drop_last_grad(self, weights, amax, grads, fmt, mode):
+    out = R.ste_backward_experts(weights, amax, grads, mode)
+    if out and mode == "pass_through":
+        out[-1] = torch.zeros_like(out[-1])
+    return out
+
+
+ALL_FORMATS = {"int8", "int4", "fp8_e4m3", "nvfp4"}
+INT_FP8 = {"int8", "int4", "fp8_e4m3"}
+
+
+def build_mutants() -> list[Mutant]:
+    """Fresh instances of every built-in mutant (fresh caches)."""
+    return [
+        Mutant("scale-reciprocal", "scale computed as reciprocal(amax) * qmax (two roundings)", {"int8", "int4"}, _int_or_fp8({"scale": "reciprocal"})),
+        Mutant("round-half-away", "rint replaced by round half away from zero", {"int8", "int4"}, _int_or_fp8({"rnd": "away"})),
+        Mutant("bf16-truncate", "fp32 -> bf16 output truncated instead of rounded to nearest even", INT_FP8, _int_or_fp8({"cast": "trunc"}, {"cast": "trunc"})),
+        Mutant("dequant-reciprocal", "dequantization y = q * RN(1/s) instead of RN(q/s)", {"int8", "int4"}, _int_or_fp8({"dequant": "recip"})),
+        Mutant("neighbour-amax", "expert i reads the amax of expert i+1", ALL_FORMATS, _neighbour_amax),
+        Mutant("no-saturation", "no clamp of the quantized value when |x| > amax", INT_FP8, _int_or_fp8({"clamp": False}, {"saturate": False})),
+        Mutant("zero-amax-passthrough", "amax == 0 passes x through unquantized", INT_FP8, _int_or_fp8({"tiny": "passthrough"}, {"tiny": "passthrough"})),
+        Mutant("nvfp4-unrounded-block-scale", "NVFP4 block scale not rounded to E4M3", {"nvfp4"}, _nvfp4({"round_block_scale": False})),
+        Mutant("e2m1-ties-up", "E2M1 ties rounded away from zero instead of to even", {"nvfp4"}, _nvfp4({"e2m1": _e2m1_ties_up})),
+        Mutant("nvfp4-tail-unwritten", "last partial NVFP4 block never written", {"nvfp4"}, _nvfp4({"write_tail": False})),
+        Mutant("channel-wrong-axis", "per-channel amax broadcast along columns instead of rows", {"int8", "int4", "fp8_e4m3"}, _channel_wrong_axis),
+        Mutant("ragged-expert0-size", "ragged experts processed with expert 0's element count", ALL_FORMATS, _ragged_expert0_size),
+        Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", ALL_FORMATS, _stale_cache),
+        Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", ALL_FORMATS, None, _clipped_lt),
+        Mutant("pass-through-drops-last", "pass-through gradient of the last expert dropped", ALL_FORMATS, None, _drop_last_grad),
+    ]

@@ -1,0 +1,145 @@
+"""Run every mutant through a suite's generated cases; report which check killed it, on which case.
+
+A mutant is *killed* when any check fails on any case of the suite (cases in suite order, checks in
+``SELFTEST_CHECKS`` order; the first failure is reported).  The unmutated *controls* (built-in
+backends) must pass every check on the same cases; otherwise the kills prove nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from moe_fq_parity import reference
+from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, suite as suite_cases
+from moe_fq_parity.harness.backends import LoadedBackend, load
+from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
+from moe_fq_parity.harness.core.records import CheckRecord
+
+from .mutants import Mutant, build_mutants
+
+SELFTEST_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate")
+CONTROLS_BY_SUITE = {"ci": ("reference", "eager-loop"), "nightly": ("triton",)}
+SUITE_FOR = {"smoke": "ci", "ci": "ci", "nightly": "nightly"}
+"""Selftest suite used for a report suite: smoke reports run the fast ``ci`` selftest."""
+
+
+@dataclass(frozen=True)
+class MutantOutcome:
+    name: str
+    bug: str
+    killed: bool
+    check: str = ""
+    case_id: str = ""
+    message: str = ""
+    cases_tried: int = 0
+    seconds: float = 0.0
+
+    def repro(self, suite: str, seed: int) -> str:
+        case = f" --case {self.case_id}" if self.case_id else ""
+        return f"moe-fq-parity selftest --suite {suite} --seed {seed} --mutant {self.name}{case}"
+
+
+@dataclass(frozen=True)
+class ControlOutcome:
+    backend: str
+    available: bool
+    reason: str
+    failures: tuple[CheckRecord, ...] = ()
+    records: int = 0
+
+
+@dataclass(frozen=True)
+class SelftestResult:
+    suite: str
+    seed: int
+    mutants: tuple[MutantOutcome, ...]
+    controls: tuple[ControlOutcome, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(m.killed for m in self.mutants) and all(not c.failures for c in self.controls)
+
+
+def _loaded(m: Mutant) -> LoadedBackend:
+    return LoadedBackend(spec=f"mutant:{m.name}", obj=m, available=True, reason="", device=m.device)
+
+
+def _applies(m: Mutant, case: Case) -> bool:
+    return case.fmt in m.formats and case.variant == reference.default_variant(case.fmt)
+
+
+class _InputCache:
+    """Inputs and reference results per case id, built once and shared by all mutants."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._store: dict[str, tuple] = {}
+
+    def get(self, case: Case):
+        if case.id not in self._store:
+            inputs = make_inputs(case, self.seed, "cpu")
+            self._store[case.id] = (inputs, expected_forward(inputs))
+        return self._store[case.id]
+
+
+def run_mutant(m: Mutant, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = 60.0) -> MutantOutcome:
+    """Hunt one mutant down: the first failing (case, check), or a survivor."""
+    start, tried = time.perf_counter(), 0
+    backend = _loaded(m)
+    for case in cases:
+        if not _applies(m, case):
+            continue
+        tried += 1
+        inputs, expected = cache.get(case)
+        ctx = CheckContext(backend, inputs, cache.seed, "strict", timeout_s)
+        for rec in run_case_checks(ctx, SELFTEST_CHECKS, expected):
+            if rec.verdict == "fail":
+                return MutantOutcome(m.name, m.bug, True, rec.check, case.id, rec.message[:300], tried, time.perf_counter() - start)
+    return MutantOutcome(m.name, m.bug, False, "", "", f"survived {tried} cases", tried, time.perf_counter() - start)
+
+
+def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = 300.0) -> ControlOutcome:
+    """An unmutated backend over the same cases: every check must pass or skip."""
+    backend = load(spec)
+    if not backend.available:
+        return ControlOutcome(spec, False, backend.reason)
+    failures, n = [], 0
+    for case in cases:
+        inputs, expected = cache.get(case)
+        if backend.device != "cpu":
+            inputs = make_inputs(case, cache.seed, backend.device)
+            expected = expected_forward(inputs)
+        recs = run_case_checks(CheckContext(backend, inputs, cache.seed, "strict", timeout_s), SELFTEST_CHECKS, expected)
+        n += len(recs)
+        failures += [r for r in recs if r.verdict == "fail"]
+    return ControlOutcome(spec, True, "", tuple(failures), n)
+
+
+def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Optional[Iterable[str]] = None,
+                 case_ids: Optional[Iterable[str]] = None, controls: Optional[Sequence[str]] = None,
+                 progress: bool = False) -> SelftestResult:
+    """Run the mutants (all, or those named) and the controls over ``suite``'s cases."""
+    cases = suite_cases(suite)
+    if case_ids:
+        from moe_fq_parity.cases import Case as _Case
+
+        cases = tuple(_Case.from_id(c) for c in case_ids)
+    chosen = build_mutants()
+    if mutants is not None:
+        names = set(mutants)
+        unknown = names - {m.name for m in chosen}
+        if unknown:
+            raise ValueError(f"unknown mutant(s) {sorted(unknown)}; known: {[m.name for m in chosen]}")
+        chosen = [m for m in chosen if m.name in names]
+    cache = _InputCache(seed)
+    outcomes = []
+    for m in chosen:
+        out = run_mutant(m, cases, cache)
+        outcomes.append(out)
+        if progress:
+            verdict = f"killed by {out.check} on {out.case_id}" if out.killed else "SURVIVED"
+            print(f"  {m.name:30} {verdict}  ({out.cases_tried} cases, {out.seconds:.1f} s)", flush=True)
+    ctl = tuple(run_control(s, cases, cache) for s in (CONTROLS_BY_SUITE.get(suite, ("reference",)) if controls is None else controls))
+    return SelftestResult(suite, seed, tuple(outcomes), ctl)

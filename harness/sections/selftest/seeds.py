@@ -1,0 +1,66 @@
+"""No false positives: correct backends must pass a suite under many seeds in a row.
+
+``python -m moe_fq_parity.harness.sections.selftest.seeds --suite ci --backend triton,eager-loop --seeds 20 [--json PATH]``
+runs every check of the suite once per seed (seed = base + k) and prints one line per seed; exit 0
+only when no check failed under any seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Optional, Sequence
+
+from moe_fq_parity.cases import DEFAULT_SEED, make_inputs, suite as suite_cases
+from moe_fq_parity.harness.backends import load
+from moe_fq_parity.harness.checks import DEFAULT_CHECKS, CheckContext, expected_forward, run_case_checks
+
+
+def run_seeds(suite: str, specs: Sequence[str], seeds: Sequence[int]) -> list[dict]:
+    """One row per seed: checks run, failures (with the first failure's repro)."""
+    backends = [load(s) for s in specs]
+    missing = [f"{b.spec}: {b.reason}" for b in backends if not b.available]
+    if missing:
+        raise RuntimeError("unavailable backends: " + "; ".join(missing))
+    cases = suite_cases(suite)
+    rows = []
+    for seed in seeds:
+        start, n, failures = time.perf_counter(), 0, []
+        for case in cases:
+            for b in backends:
+                inputs = make_inputs(case, seed, b.device or "cpu")
+                recs = run_case_checks(CheckContext(b, inputs, seed), DEFAULT_CHECKS, expected_forward(inputs))
+                n += len(recs)
+                failures += [r for r in recs if r.verdict == "fail"]
+        rows.append({"seed": seed, "checks": n, "failures": len(failures), "seconds": round(time.perf_counter() - start, 2),
+                     "first_failure": failures[0].repro if failures else ""})
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", default="ci")
+    p.add_argument("--backend", default="reference,eager-loop")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--base-seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from moe_fq_parity.harness.core.triton_env import prepare
+
+    prepare()
+    specs = [s for s in args.backend.split(",") if s]
+    rows = run_seeds(args.suite, specs, [args.base_seed + k for k in range(args.seeds)])
+    for r in rows:
+        print(f"seed {r['seed']}: {r['checks']} checks, {r['failures']} failed, {r['seconds']} s {r['first_failure']}")
+    bad = sum(r["failures"] for r in rows)
+    print(f"{len(rows)} seeds x suite {args.suite} x {specs}: {sum(r['checks'] for r in rows)} checks, {bad} failed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": args.suite, "backends": specs, "rows": rows}, f, indent=1)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
