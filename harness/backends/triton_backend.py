@@ -33,7 +33,7 @@ def _import_kernels() -> tuple[Optional[Any], str]:
     except Exception as exc:  # noqa: BLE001
         return None, f"triton does not import: {type(exc).__name__}: {exc}"
     try:
-        mod = importlib.import_module("kernels")
+        mod = importlib.import_module("moe_fq_parity.kernels")
     except Exception as exc:  # noqa: BLE001
         return None, f"kernels does not import: {type(exc).__name__}: {exc}"
     if not callable(getattr(mod, REQUIRED, None)):
