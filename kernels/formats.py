@@ -1,7 +1,9 @@
 """Format constants and option parsing for the Triton kernels (host side).
 
 The format constants come from ``reference.constants`` (pure torch, the one place they are
-defined); only kernel-side codes and dtype maps are defined here.
+defined) and what a format takes from the reference's registry (``reference.formats``); only the
+kernel's own declaration of what it implements (``DEFAULT_VARIANTS``), kernel-side codes and dtype
+maps are defined here.
 """
 
 from __future__ import annotations
@@ -14,20 +16,31 @@ from moe_fq_parity.reference.constants import (  # noqa: F401  (re-exported for 
     E2M1_MAX,
     E4M3_MAX,
     FLOAT_DTYPES,
-    FORMAT_BITS,
-    FORMATS,
     FP32_MAX,
     NVFP4_BLOCK,
     NVFP4_GLOBAL_SCALE_NUM,
     TINY_AMAX,
     int_bounds,
 )
-
-DEFAULT_VARIANTS: dict[str, str] = {"int8": "cuda", "int4": "cuda", "fp8_e4m3": "cuda", "nvfp4": "te"}
-"""The reference variant each kernel format reproduces bit for bit."""
+from moe_fq_parity.reference.formats import format_spec
 
 FMT_INT, FMT_FP8, FMT_NVFP4 = 0, 1, 2
 """Kernel-side format codes (constexpr)."""
+
+_IMPLEMENTED: dict[str, tuple[int, str]] = {
+    "int8": (FMT_INT, "cuda"),
+    "int4": (FMT_INT, "cuda"),
+    "fp8_e4m3": (FMT_FP8, "cuda"),
+    "nvfp4": (FMT_NVFP4, "te"),
+}
+"""What the kernels implement: format -> (kernel code, the reference variant reproduced bit for bit).
+The kernel's own declaration: a format registered in ``reference.formats`` is not implemented
+here until it is listed."""
+
+DEFAULT_VARIANTS: dict[str, str] = {f: v for f, (_, v) in _IMPLEMENTED.items()}
+"""The reference variant each kernel format reproduces bit for bit."""
+FORMATS: tuple[str, ...] = tuple(_IMPLEMENTED)
+"""The formats the kernels implement."""
 
 IO_BF16, IO_FP16, IO_FP32 = 0, 1, 2
 IO_CODES: dict[torch.dtype, int] = {torch.bfloat16: IO_BF16, torch.float16: IO_FP16, torch.float32: IO_FP32}
@@ -55,35 +68,25 @@ class QuantSpec:
     unsigned: bool = False
 
 
-_OPTIONS: dict[str, frozenset[str]] = {
-    "int8": frozenset({"unsigned", "narrow_range"}),
-    "int4": frozenset({"unsigned", "narrow_range"}),
-    "fp8_e4m3": frozenset(),
-    "nvfp4": frozenset({"block_size"}),
-}
-
-
 def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
-    """Validate ``fmt``/``variant``/``options`` (mirroring ``reference.api``) into a ``QuantSpec``.
+    """Validate ``fmt``/``variant``/``options`` (the reference registry's rules) into a ``QuantSpec``.
 
-    Raises ``ValueError`` for an unknown format, a non-default variant or a block size other than 16,
-    ``TypeError`` for options the format does not take (``block_amax`` included: it belongs to the
-    ``modelopt_static`` variant, which the kernel does not implement).
+    Raises ``ValueError`` for an unknown format, a format or variant the kernels do not implement
+    or a block size other than 16, ``TypeError`` for options the implemented variant does not take
+    (``block_amax`` included: it belongs to the ``modelopt_static`` variant) or of the wrong type.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; known: {FORMATS}")
-    if variant not in (None, "default", DEFAULT_VARIANTS[fmt]):
-        raise ValueError(
-            f"the kernel implements only the default variant {DEFAULT_VARIANTS[fmt]!r} of {fmt}, got {variant!r}"
-        )
-    unknown = set(options) - _OPTIONS[fmt]
-    if unknown:
-        raise TypeError(f"{fmt} does not take option(s) {sorted(unknown)}; it takes {sorted(_OPTIONS[fmt])}")
-    if fmt in FORMAT_BITS:
+    spec = format_spec(fmt)
+    if fmt not in _IMPLEMENTED:
+        raise ValueError(f"the kernels do not implement the format {fmt!r}; they implement {FORMATS}")
+    code, implemented = _IMPLEMENTED[fmt]
+    if variant not in (None, "default", implemented):
+        raise ValueError(f"the kernel implements only the default variant {implemented!r} of {fmt}, got {variant!r}")
+    spec.check_options(implemented, options)
+    if code == FMT_INT:
         unsigned = bool(options.get("unsigned", False))
-        lo, qmax = int_bounds(FORMAT_BITS[fmt], unsigned=unsigned, narrow_range=bool(options.get("narrow_range", False)))
+        lo, qmax = spec.grid.bounds(unsigned=unsigned, narrow_range=bool(options.get("narrow_range", False)))
         return QuantSpec(fmt, FMT_INT, lo, qmax, unsigned)
-    if fmt == "fp8_e4m3":
+    if code == FMT_FP8:
         return QuantSpec(fmt, FMT_FP8)
     block = options.get("block_size", NVFP4_BLOCK)
     if block != NVFP4_BLOCK:

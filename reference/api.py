@@ -2,8 +2,9 @@
 
 ``fake_quant(x, amax, fmt, variant=None, **options)`` works on one tensor ``[..., out, in]``
 (a single expert or a stacked ``[N, out, in]``); ``fake_quant_experts`` on a list of N
-experts (ragged shapes and empty experts allowed).  Options that a format does not take
-raise ``TypeError`` naming them; nothing is silently ignored.
+experts (ragged shapes and empty experts allowed).  What a format takes comes from its
+``FormatSpec`` (``reference.formats``): options that a format or variant does not take, or of
+the wrong type, raise ``TypeError`` naming them; nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -12,69 +13,47 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import fp8_e4m3, int_quant, nvfp4
-from .constants import FORMAT_BITS, FORMATS
+from .formats import format_spec
+from .granularity import check_input, granularity_of
 from .result import FakeQuantResult
 from .ste import ste_backward
-
-_MODULES = {"int8": int_quant, "int4": int_quant, "fp8_e4m3": fp8_e4m3, "nvfp4": nvfp4}
-_OPTIONS: dict[str, frozenset[str]] = {
-    "int8": frozenset({"unsigned", "narrow_range"}),
-    "int4": frozenset({"unsigned", "narrow_range"}),
-    "fp8_e4m3": frozenset(),
-    "nvfp4": frozenset({"block_size", "block_amax"}),
-}
 
 
 def variants(fmt: str) -> tuple[str, ...]:
     """Names of the variants of ``fmt``; the first is the default."""
-    mod = _module(fmt)
-    return (mod.DEFAULT_VARIANT,) + tuple(v for v in mod.VARIANTS if v != mod.DEFAULT_VARIANT)
+    return format_spec(fmt).variant_names
 
 
 def default_variant(fmt: str) -> str:
-    return _module(fmt).DEFAULT_VARIANT
+    return format_spec(fmt).default_variant
 
 
-def _module(fmt: str):
-    if fmt not in _MODULES:
-        raise ValueError(f"unknown format {fmt!r}; known: {FORMATS}")
-    return _MODULES[fmt]
-
-
-def _variant_fn(fmt: str, variant: str | None, options: dict[str, Any]) -> Callable[..., FakeQuantResult]:
-    mod = _module(fmt)
-    name = variant or mod.DEFAULT_VARIANT
-    if name == "default":
-        name = mod.DEFAULT_VARIANT
-    if name not in mod.VARIANTS:
-        raise ValueError(f"unknown variant {name!r} for {fmt}; known: {variants(fmt)}")
-    unknown = set(options) - _OPTIONS[fmt]
-    if unknown:
-        raise TypeError(f"{fmt} does not take option(s) {sorted(unknown)}; it takes {sorted(_OPTIONS[fmt])}")
-    if name != "modelopt_static" and "block_amax" in options:
-        raise TypeError("block_amax is an option of the nvfp4 'modelopt_static' variant only")
-    fn = mod.VARIANTS[name]
-    if fmt in FORMAT_BITS:
-        bits = FORMAT_BITS[fmt]
-        return lambda x, amax, **kw: fn(x, amax, num_bits=bits, **kw)
-    return fn
+def _variant_fn(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None, options: dict[str, Any]) -> Callable[..., FakeQuantResult]:
+    """The registry's function for ``fmt``/``variant`` after the registry's checks: variant name,
+    options (names and types), amax granularity (shape only; the variant validates the values)."""
+    spec = format_spec(fmt)
+    name = spec.resolve_variant(variant)
+    spec.check_options(name, options)
+    if isinstance(amax, torch.Tensor):
+        check_input(x)
+        spec.check_granularity(granularity_of(x, amax))
+    return spec.variants[name]
 
 
 def fake_quant_traced(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> FakeQuantResult:
     """Like ``fake_quant`` but returns the full ``FakeQuantResult`` (pre-rounding values too)."""
-    fn = _variant_fn(fmt, variant, options)
-    return fn(x, amax, **options)
+    return _variant_fn(x, amax, fmt, variant, options)(x, amax, **options)
 
 
 def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> torch.Tensor:
     """Fake-quantize ``x`` (``[..., out, in]``) to ``fmt`` with ``amax``; output dtype = ``x.dtype``.
 
-    * ``fmt``: ``"int8" | "int4" | "fp8_e4m3" | "nvfp4"``.
-    * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``
-      (NVFP4: the global amax, per tensor or per expert).
+    * ``fmt``: a registered format (``reference.FORMATS``: ``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``).
+    * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``, where
+      the format takes it (``FormatSpec.amax_granularities``; NVFP4: per tensor or per expert).
     * ``variant``: ``None``/``"default"`` or a name from ``variants(fmt)``.
-    * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size``, ``block_amax``.
+    * ``options``: the format's options (``FormatSpec.options``: INT ``unsigned``, ``narrow_range``;
+      NVFP4 ``block_size``, and ``block_amax`` for ``modelopt_static``), type-checked.
     """
     return fake_quant_traced(x, amax, fmt, variant, **options).out
 

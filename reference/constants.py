@@ -1,11 +1,12 @@
-"""Format constants, defined once.  Every other module imports them from here."""
+"""Format constants, defined once.  Every other module imports them from here.
+
+Which formats exist and what each takes (variants, options, granularities, bits) is the
+registry's business: ``reference.formats``.
+"""
 
 from __future__ import annotations
 
 import torch
-
-FORMATS: tuple[str, ...] = ("int8", "int4", "fp8_e4m3", "nvfp4")
-"""Format names used everywhere (backend contract, cases, reports)."""
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 """Accepted input dtypes; the output dtype always equals the input dtype."""
@@ -46,5 +47,3 @@ def int_bounds(num_bits: int, *, unsigned: bool, narrow_range: bool) -> tuple[fl
         return 0.0, qmax
     return (-qmax if narrow_range else -qmax - 1.0), qmax
 
-
-FORMAT_BITS: dict[str, int] = {"int8": 8, "int4": 4}

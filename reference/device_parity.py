@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .api import fake_quant_traced, variants
-from .constants import FORMATS
+from .formats import FORMATS, format_spec
 
 AMAX_SWEEP = (1.0, 0.75, 3.1415927, 448.0, 1e-3, 2.0**-20, 6.1e-5, 1e4, 0.7, 1.3, 123.0, 2.0**-25, 0.0)
 
@@ -41,18 +41,20 @@ def compare_devices(device: str, seed: int = 0) -> list[dict[str, Any]]:
     rows = []
     cases = _inputs(seed)
     for fmt in FORMATS:
+        spec = format_spec(fmt)
         for var in variants(fmt):
             n_cmp = n_out = n_pre = 0
             first = ""
+            flags = [o for o in spec.options_for(var) if o.type is bool]
             for name, x, amax in cases:
-                if fmt == "nvfp4" and (torch.isnan(x).any() or "per_channel" in name):
+                if (spec.rejects_nan and torch.isnan(x).any()) or ("per_channel" in name and "per_channel" not in spec.amax_granularities):
                     continue
                 opts = [{}]
-                if fmt.startswith("int") and "all_bf16" not in name:
-                    opts += [{"narrow_range": True}]
+                if flags and "all_bf16" not in name:
+                    opts += [{o.name: True} for o in flags if not o.nonnegative_input]
                     if name.startswith("finite") or name.startswith("stacked"):
                         x = x.abs()  # unsigned takes non-negative input (-0.0 included)
-                        opts += [{"unsigned": True}]
+                        opts += [{o.name: True} for o in flags if o.nonnegative_input]
                 a = [fake_quant_traced(x, amax, fmt, var, **o) for o in opts]
                 b = [fake_quant_traced(x.to(device), amax.to(device), fmt, var, **o) for o in opts]
                 bits = torch.int16 if x.dtype != torch.float32 else torch.int32

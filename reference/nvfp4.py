@@ -5,7 +5,8 @@ Numeric contract
 * Input ``x``: bf16 (primary), fp16 or fp32 ``[..., out, in]``; NaN input raises ``ValueError``
   (the block scale of a NaN block is undefined in every production implementation).
 * ``amax``: the *global* amax, per tensor or per expert (``[N]`` for ``[N, out, in]``), fp32,
-  finite, >= 0.  Per-channel global amax is not a format NVFP4 has: ``ValueError``.
+  finite, >= 0.  Per-channel global amax is not a format NVFP4 has: ``ValueError`` (the
+  registry's ``amax_granularities``, checked by ``reference.api``).
 * Blocks: ``block_size`` (default 16) consecutive elements along the last dim.  When the last
   dim is not a multiple of the block size, the last block of each row is *shorter*: it is
   quantized as if zero-padded to a full block (Transformer Engine pads with zeros), and the
@@ -49,7 +50,7 @@ import torch
 
 from .constants import FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import reciprocal_core
-from .granularity import broadcast_amax, granularity_of
+from .granularity import broadcast_amax
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
 
@@ -77,8 +78,6 @@ def block_amax(x: torch.Tensor, block_size: int = NVFP4_BLOCK) -> torch.Tensor:
 
 def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int):
     g = broadcast_amax(x, amax)
-    if granularity_of(x, amax) == "per_channel":
-        raise ValueError("NVFP4 takes a per-tensor or per-expert global amax, not a per-channel one")
     xf = x.to(torch.float32)
     if xf.numel() and bool(torch.isnan(xf).any()):
         raise ValueError("NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined")

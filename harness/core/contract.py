@@ -3,7 +3,7 @@
 A *backend* is any object with:
 
 * ``name: str``
-* ``formats: set[str]`` -- a subset of ``{"int8", "int4", "fp8_e4m3", "nvfp4"}``
+* ``formats: set[str]`` -- a subset of the registered formats (``reference.FORMATS``)
 * ``fake_quant(weights, amax, fmt, **options) -> list[Tensor]``
 
   - ``weights``: a sequence of N expert tensors ``[out_i, in_i]`` on one device (ragged shapes
@@ -32,7 +32,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from moe_fq_parity.reference.constants import FORMATS
+from moe_fq_parity.reference.formats import FORMATS
 
 STE_MODES = ("pass_through", "clipped")
 

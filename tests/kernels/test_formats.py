@@ -7,7 +7,6 @@ import numpy as np
 from moe_fq_parity import reference
 from moe_fq_parity.kernels import fwd_kernel
 from moe_fq_parity.kernels import formats as K
-from moe_fq_parity.reference import constants as R
 
 
 def test_kernel_sixth_is_rn_fp32_of_one_sixth() -> None:
@@ -15,4 +14,4 @@ def test_kernel_sixth_is_rn_fp32_of_one_sixth() -> None:
 
 
 def test_default_variants_equal_the_reference() -> None:
-    assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in R.FORMATS}
+    assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in reference.FORMATS}

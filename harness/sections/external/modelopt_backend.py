@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 import torch
 
 from moe_fq_parity.reference import split_expert_amax
-from moe_fq_parity.reference.constants import E4M3_MAX, FORMAT_BITS, FORMATS, NVFP4_BLOCK
+from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_BLOCK
+from moe_fq_parity.reference.formats import format_spec
 from moe_fq_parity.reference.nvfp4 import block_amax
 
 from ._imports import try_import
@@ -40,6 +41,8 @@ MODELOPT_VERSION = "0.47.0"
 _TENSOR_QUANT = "modelopt.torch.quantization.tensor_quant"
 _INT_OPTIONS = frozenset({"narrow_range", "unsigned"})
 _OPTIONS: dict[str, frozenset[str]] = {"int8": _INT_OPTIONS, "int4": _INT_OPTIONS, "fp8_e4m3": frozenset(), "nvfp4": frozenset({"block_size"})}
+"""The formats this backend runs and the options Model-Optimizer takes for each (its own declaration,
+not the reference's: it has no ``block_amax``)."""
 CALIB_GRANULARITIES = ("per_tensor", "per_channel")
 
 
@@ -76,7 +79,7 @@ class ModeloptBackend:
         self.path = path
         self.name = "modelopt" if path == "cuda" else "modelopt-eager"
         self.device = "cuda" if path == "cuda" else "cpu"
-        self.formats = set(FORMATS) if path == "cuda" else set(FORMATS) - {"nvfp4"}
+        self.formats = set(_OPTIONS) if path == "cuda" else set(_OPTIONS) - {"nvfp4"}
 
     def __repr__(self) -> str:
         return f"ModeloptBackend(path={self.path!r})"
@@ -184,9 +187,10 @@ class ModeloptBackend:
             raise RuntimeError(why)
         a = a.to(device=w.device, dtype=torch.float32)
         a_mo = a.reshape(-1, 1) if a.dim() == 1 else a
-        if fmt in FORMAT_BITS:
+        spec = format_spec(fmt)
+        if spec.is_int:
             return tq.fake_tensor_quant(
-                w, a_mo, None, FORMAT_BITS[fmt], bool(opts.get("unsigned", False)), bool(opts.get("narrow_range", False)),
+                w, a_mo, None, spec.grid.bits, bool(opts.get("unsigned", False)), bool(opts.get("narrow_range", False)),
                 None, pass_through_bwd,
             )
         if fmt == "fp8_e4m3":

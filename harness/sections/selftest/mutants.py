@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from moe_fq_parity import reference as R
-from moe_fq_parity.reference.constants import E4M3_MAX, FORMAT_BITS, TINY_AMAX, int_bounds
+from moe_fq_parity.reference.constants import E4M3_MAX, TINY_AMAX
+from moe_fq_parity.reference.formats import FORMATS, format_spec
 from moe_fq_parity.reference.nvfp4 import from_blocks, to_blocks
 from moe_fq_parity.reference.rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, round_to_minifloat, to_output_dtype
 
@@ -26,7 +27,7 @@ Tensor = torch.Tensor
 def _int_fq(x: Tensor, a: Tensor, fmt: str, *, unsigned=False, narrow_range=False, scale="div", rnd="even",
             clamp=True, dequant="div", tiny="zero", cast="rne") -> Tensor:
     """INT fake quant of one expert with selectable (mutated) steps; defaults = reference ``cuda``."""
-    lo, qmax = int_bounds(FORMAT_BITS[fmt], unsigned=unsigned, narrow_range=narrow_range)
+    lo, qmax = format_spec(fmt).grid.bounds(unsigned=unsigned, narrow_range=narrow_range)
     xf = x.float()
     a = a.float().reshape(a.shape + (1,) * (x.dim() - a.dim()))
     q_t = fp32_scalar_like(qmax, xf)
@@ -211,26 +212,28 @@ def _drop_last_grad(self, weights, amax, grads, fmt, mode):
     return out
 
 
-ALL_FORMATS = {"int8", "int4", "fp8_e4m3", "nvfp4"}
-INT_FP8 = {"int8", "int4", "fp8_e4m3"}
-
-
 def build_mutants() -> list[Mutant]:
-    """Fresh instances of every built-in mutant (fresh caches)."""
+    """Fresh instances of every built-in mutant (fresh caches), over the formats registered now:
+    the INT mutants apply to every INT format (``_int_fq`` takes its grid from the registry), the
+    NVFP4 ones to NVFP4 (they mutate steps of its op sequence), the rest to all formats."""
+    all_formats = set(FORMATS)
+    ints = {f for f in all_formats if format_spec(f).is_int}
+    int_fp8 = ints | {"fp8_e4m3"}
+    per_channel = {f for f in int_fp8 if "per_channel" in format_spec(f).amax_granularities}
     return [
-        Mutant("scale-reciprocal", "scale computed as reciprocal(amax) * qmax (two roundings)", {"int8", "int4"}, _int_or_fp8({"scale": "reciprocal"})),
-        Mutant("round-half-away", "rint replaced by round half away from zero", {"int8", "int4"}, _int_or_fp8({"rnd": "away"})),
-        Mutant("bf16-truncate", "fp32 -> bf16 output truncated instead of rounded to nearest even", INT_FP8, _int_or_fp8({"cast": "trunc"}, {"cast": "trunc"})),
-        Mutant("dequant-reciprocal", "dequantization y = q * RN(1/s) instead of RN(q/s)", {"int8", "int4"}, _int_or_fp8({"dequant": "recip"})),
-        Mutant("neighbour-amax", "expert i reads the amax of expert i+1", ALL_FORMATS, _neighbour_amax),
-        Mutant("no-saturation", "no clamp of the quantized value when |x| > amax", INT_FP8, _int_or_fp8({"clamp": False}, {"saturate": False})),
-        Mutant("zero-amax-passthrough", "amax == 0 passes x through unquantized", INT_FP8, _int_or_fp8({"tiny": "passthrough"}, {"tiny": "passthrough"})),
+        Mutant("scale-reciprocal", "scale computed as reciprocal(amax) * qmax (two roundings)", ints, _int_or_fp8({"scale": "reciprocal"})),
+        Mutant("round-half-away", "rint replaced by round half away from zero", ints, _int_or_fp8({"rnd": "away"})),
+        Mutant("bf16-truncate", "fp32 -> bf16 output truncated instead of rounded to nearest even", int_fp8, _int_or_fp8({"cast": "trunc"}, {"cast": "trunc"})),
+        Mutant("dequant-reciprocal", "dequantization y = q * RN(1/s) instead of RN(q/s)", ints, _int_or_fp8({"dequant": "recip"})),
+        Mutant("neighbour-amax", "expert i reads the amax of expert i+1", all_formats, _neighbour_amax),
+        Mutant("no-saturation", "no clamp of the quantized value when |x| > amax", int_fp8, _int_or_fp8({"clamp": False}, {"saturate": False})),
+        Mutant("zero-amax-passthrough", "amax == 0 passes x through unquantized", int_fp8, _int_or_fp8({"tiny": "passthrough"}, {"tiny": "passthrough"})),
         Mutant("nvfp4-unrounded-block-scale", "NVFP4 block scale not rounded to E4M3", {"nvfp4"}, _nvfp4({"round_block_scale": False})),
         Mutant("e2m1-ties-up", "E2M1 ties rounded away from zero instead of to even", {"nvfp4"}, _nvfp4({"e2m1": _e2m1_ties_up})),
         Mutant("nvfp4-tail-unwritten", "last partial NVFP4 block never written", {"nvfp4"}, _nvfp4({"write_tail": False})),
-        Mutant("channel-wrong-axis", "per-channel amax broadcast along columns instead of rows", {"int8", "int4", "fp8_e4m3"}, _channel_wrong_axis),
-        Mutant("ragged-expert0-size", "ragged experts processed with expert 0's element count", ALL_FORMATS, _ragged_expert0_size),
-        Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", ALL_FORMATS, _stale_cache),
-        Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", ALL_FORMATS, None, _clipped_lt),
-        Mutant("pass-through-drops-last", "pass-through gradient of the last expert dropped", ALL_FORMATS, None, _drop_last_grad),
+        Mutant("channel-wrong-axis", "per-channel amax broadcast along columns instead of rows", per_channel, _channel_wrong_axis),
+        Mutant("ragged-expert0-size", "ragged experts processed with expert 0's element count", all_formats, _ragged_expert0_size),
+        Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", all_formats, _stale_cache),
+        Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", all_formats, None, _clipped_lt),
+        Mutant("pass-through-drops-last", "pass-through gradient of the last expert dropped", all_formats, None, _drop_last_grad),
     ]
