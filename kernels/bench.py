@@ -35,11 +35,23 @@ from typing import Callable
 
 import torch
 
+from .formats import FORMATS, parse_spec  # FORMATS: what the kernels implement, each timed
+
 SHAPES = {"nano_fc1": (1856, 2688), "super_fc1": (2688, 1024), "ultra_fc1": (5120, 2048)}
 EXPERT_COUNTS = (4, 8, 16, 32, 64, 128)
 PRODUCTION = ("ultra_prod", 32, (5120, 8192))
-FORMATS = ("int8", "int4", "fp8_e4m3", "nvfp4")
-EAGER_FORMATS = ("int8", "fp8_e4m3", "nvfp4")
+
+
+def _first_per_code() -> tuple[str, ...]:
+    """One format per kernel code (INT, FP8, NVFP4; the first listed): the eager baselines and the
+    sweep's tile kinds (INT4 runs INT8's code path)."""
+    first: dict[int, str] = {}
+    for f in FORMATS:
+        first.setdefault(parse_spec(f, None, {}).code, f)
+    return tuple(first.values())
+
+
+EAGER_FORMATS = _first_per_code()
 L2_MULTIPLE = 4
 
 
@@ -155,6 +167,12 @@ def _api_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=5, rep=30, return_mode="median")
 
 
+def _kind(fmt: str) -> str:
+    """The ``EAGER_FORMATS`` entry sharing ``fmt``'s kernel code (the key of the tuned configs)."""
+    code = parse_spec(fmt, None, {}).code
+    return next(f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code)
+
+
 def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None) -> CaseResult:
     from moe_fq_parity import reference
 
@@ -168,7 +186,7 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
     ws, amax = sets[0]
     configs = configs or {}
     for fmt in FORMATS:
-        cfg = configs.get("int8" if fmt.startswith("int") else fmt)
+        cfg = configs.get(_kind(fmt))
         runner.fwd(fmt, cfg)[0]()
         res.correct[fmt] = _matches_reference(fmt, ws, amax, runner.outs[0][1])
         if res.correct[fmt]:
@@ -239,13 +257,12 @@ def sweep(copy_gbps: float) -> tuple[list[dict], dict[str, object]]:
     """Tile configurations at the Ultra production case; returns the rows and the fastest
     ``KernelConfig`` per kernel (``int8`` stands for INT, ``bwd_clipped`` for the backward)."""
     from .launch import BWD_CONFIG, FWD_CONFIG, KernelConfig
-    from .formats import FMT_FP8, FMT_INT, FMT_NVFP4
 
     _, n, shape = PRODUCTION
     runner = KernelRunner([make_experts(n, shape, seed=0)])
     grads = [torch.randn_like(w) for w in runner.sets[0][0]]
     numel = n * shape[0] * shape[1]
-    defaults = {"int8": FWD_CONFIG[FMT_INT], "fp8_e4m3": FWD_CONFIG[FMT_FP8], "nvfp4": FWD_CONFIG[FMT_NVFP4], "bwd_clipped": BWD_CONFIG}
+    defaults = {**{f: FWD_CONFIG[parse_spec(f, None, {}).code] for f in EAGER_FORMATS}, "bwd_clipped": BWD_CONFIG}
     plan = [(kind, KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=defaults[kind].nvfp4_int_recip))
             for b, w, t in SWEEP_TILES for kind in defaults]  # fmt: skip
     plan += [("int8", KernelConfig(8192, 8, tiles_per_program=4, scalar_int_div=False)),
@@ -292,7 +309,8 @@ def _cases(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
     ]
 
 
-TABLE_HEAD = f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd")) + "   xloop(int8/fp8/nvfp4/bwd)   fp8_ms  api_ms  stacked_fp8_ms"
+TABLE_HEAD = (f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd"))
+              + f"   {'xloop(' + '/'.join((*EAGER_FORMATS, 'bwd')) + ')':>26s}   fp8_ms  api_ms  stacked_fp8_ms")
 
 
 def table_row(r: CaseResult) -> str:

@@ -29,7 +29,7 @@ from torch import nn
 from . import env, launch
 from .amax import raise_value_errors, value_errors
 from .autograd import fake_quant_experts_ste
-from .formats import parse_spec
+from .formats import format_spec, parse_spec
 
 BACKENDS = ("auto", "kernel", "reference")
 
@@ -69,8 +69,8 @@ class QuantGroupedLinear(nn.Module):
     ) -> None:
         super().__init__()
         parse_spec(fmt, None, options)
-        if per_channel and fmt == "nvfp4":
-            raise ValueError("NVFP4 takes a per-expert global amax, not a per-channel one")
+        if per_channel:
+            format_spec(fmt).check_granularity("per_channel")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features

@@ -18,7 +18,11 @@ class EagerLoopBackend:
     """Per-expert loop over ``reference.fake_quant`` / ``reference.ste_backward``."""
 
     name = "eager-loop"
-    formats = set(FORMATS)
+
+    @property
+    def formats(self) -> set[str]:
+        """Every registered format (``reference.FORMATS``, read at each call)."""
+        return set(FORMATS)
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> list[torch.Tensor]:
         per = reference.split_expert_amax(weights, amax)

@@ -24,7 +24,11 @@ class ReferenceBackend:
     """The reference as a backend (see the module docstring)."""
 
     name = "reference"
-    formats = set(FORMATS)
+
+    @property
+    def formats(self) -> set[str]:
+        """Every registered format (``reference.FORMATS``, read at each call)."""
+        return set(FORMATS)
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> list[torch.Tensor]:
         if _stackable(weights) and "block_amax" not in options:

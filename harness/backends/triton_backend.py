@@ -49,7 +49,8 @@ class TritonBackend:
     def __init__(self) -> None:
         self._kernels, self._reason = _import_kernels()
         k = self._kernels
-        self.formats = set(getattr(k, "FORMATS", FORMATS)) if k is not None else set(FORMATS)
+        # the kernel declares what it implements; a registered format it does not list is declined
+        self._declared = set(getattr(k, "FORMATS", FORMATS)) if k is not None else set(FORMATS)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.interpreter = self.device == "cpu"
 
@@ -58,7 +59,22 @@ class TritonBackend:
             return False, self._reason
         return True, "Triton interpreter (TRITON_INTERPRET=1) on CPU" if self.interpreter else ""
 
+    @property
+    def formats(self) -> set[str]:
+        """The registered formats the kernel declares (``kernels.FORMATS``); the checks skip the
+        others with ``format_available``'s reason."""
+        return self._declared & set(FORMATS)
+
+    def format_available(self, fmt: str) -> tuple[bool, str]:
+        """Whether the kernel implements ``fmt``, and why not."""
+        if fmt not in self.formats:
+            return False, f"the Triton kernel does not implement {fmt}; it implements {sorted(self.formats)} (kernels.FORMATS)"
+        return True, ""
+
     def _check_variant(self, fmt: str, variant: Optional[str]) -> None:
+        ok, why = self.format_available(fmt)
+        if not ok:
+            raise NotImplementedError(why)
         probe = getattr(self._kernels, "variants", None)
         if variant is not None and callable(probe) and variant not in probe(fmt):
             raise NotImplementedError(f"kernels implements variants {tuple(probe(fmt))} of {fmt}, not {variant!r}")

@@ -25,6 +25,7 @@ def _csv(text: str) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     from moe_fq_parity.cases import DEFAULT_SEED, SUITES
+    from moe_fq_parity.reference import FORMATS
     from moe_fq_parity.harness.core.records import CHECKS
 
     p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--suite", default="smoke", choices=sorted(SUITES), help="case suite (default: smoke)")
     r.add_argument("--backend", action="append", default=[], metavar="B",
                    help="reference | triton | eager-loop | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
-    r.add_argument("--formats", type=_csv, default=[], help="comma-separated formats to keep (int8,int4,fp8_e4m3,nvfp4)")
+    r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
     r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
     r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable)")
     r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")

@@ -17,6 +17,7 @@ import torch
 
 from moe_fq_parity.harness.sections import SectionRow
 from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.reference.formats import FORMATS, format_spec
 
 from .roles import Role
 
@@ -75,17 +76,17 @@ def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, l
     return BitDiff(numel, mismatches, tuple(offenders), tuple(problems))
 
 
-POWER_OF_TWO_BLIND: tuple[str, ...] = ("fp8_e4m3", "nvfp4")
-"""Formats whose fake quant does not change (outside E4M3 subnormals and saturation) when amax
-is multiplied by ``2**k``: the scale, the scaled values and the dequantization all shift by
-the same exact power of two.  For them, amax that differ only by a power of two are no
-evidence that a per-expert check can tell experts apart."""
+POWER_OF_TWO_BLIND: tuple[str, ...] = tuple(f for f in FORMATS if format_spec(f).power_of_two_blind)
+"""Formats whose fake quant does not change (outside subnormals and saturation) when amax is
+multiplied by ``2**k`` (``FormatSpec.power_of_two_blind``: FP8 and NVFP4): the scale, the scaled
+values and the dequantization all shift by the same exact power of two.  For them, amax that
+differ only by a power of two are no evidence that a per-expert check can tell experts apart."""
 
 
 def visible_amax(a: torch.Tensor, fmt: str) -> torch.Tensor:
     """What of an fp32 amax ``fmt`` can see: the mantissa bits for ``POWER_OF_TWO_BLIND``, else the bits."""
     bits = a.detach().to(torch.float32).contiguous().view(torch.int32)
-    return bits & 0x7FFFFF if fmt in POWER_OF_TWO_BLIND else bits
+    return bits & 0x7FFFFF if format_spec(fmt).power_of_two_blind else bits
 
 
 def count_distinct(tensors: Sequence[torch.Tensor], fmt: str | None = None) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from moe_fq_parity.reference import FORMATS, STE_MODES, variants
+from moe_fq_parity.reference import FORMATS, STE_MODES, format_spec, variants
 
 MODULE_TYPES: tuple[str, ...] = ("grouped_linear", "sequential_linear")
 """``grouped_linear``: Transformer Engine ``GroupedLinear`` (or its twin); ``sequential_linear``:
@@ -66,8 +66,8 @@ class QuantSpec:
     """How one role is fake-quantized.
 
     * ``fmt``: a ``reference.FORMATS`` name.
-    * ``granularity``: ``per_tensor`` | ``per_channel`` (per expert tensor; NVFP4 and inputs:
-      ``per_tensor`` only).
+    * ``granularity``: ``per_tensor`` | ``per_channel`` (per expert tensor), one the format takes
+      (``FormatSpec.amax_granularities``: NVFP4 ``per_tensor`` only); inputs: ``per_tensor`` only.
     * ``ste_mode``: ``pass_through`` | ``clipped`` (``reference.STE_MODES``).
     * ``variant``: a ``reference.variants(fmt)`` name, ``None`` for the default.
     * ``options``: format options passed to ``reference.fake_quant`` as sorted ``(key, value)`` pairs.
@@ -84,8 +84,7 @@ class QuantSpec:
             raise ValueError(f"fmt must be one of {FORMATS}, got {self.fmt!r}")
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
-        if self.fmt == "nvfp4" and self.granularity != "per_tensor":
-            raise ValueError("nvfp4 takes a per-tensor (global) amax per expert; granularity must be per_tensor")
+        format_spec(self.fmt).check_granularity(self.granularity)
         if self.ste_mode not in STE_MODES:
             raise ValueError(f"ste_mode must be one of {STE_MODES}, got {self.ste_mode!r}")
         if self.variant is not None and self.variant not in variants(self.fmt):
