@@ -84,9 +84,31 @@ def overall_verdict(report: dict[str, Any]) -> str:
     return "pass" if any(r["verdict"] == "pass" for r in report["records"]) else "skip"
 
 
+def _memory_note(r: dict[str, Any]) -> str:
+    """``"out of memory; peak 12.31 GB = 2.29x the case's 5.37 GB"`` (parts present in the record only)."""
+    parts = ["out of memory (no parity verdict)"] if r.get("outcome") == "oom" else []
+    peak, size = r.get("peak_bytes"), r.get("case_bytes") or 0
+    if peak is not None:
+        parts.append(f"peak GPU memory {peak / 1e9:.2f} GB" + (f" = {peak / size:.2f}x the case's {size / 1e9:.2f} GB input + output" if size else ""))
+    return "; ".join(parts)
+
+
+def _largest_peak(records: list[dict[str, Any]]) -> str:
+    """One line naming the record with the largest peak relative to its case bytes (empty off CUDA)."""
+    measured = [r for r in records if r.get("peak_bytes") is not None and r.get("case_bytes")]
+    if not measured:
+        return ""
+    r = max(measured, key=lambda r: (r["peak_bytes"] / r["case_bytes"], r["peak_bytes"]))
+    top = max(measured, key=lambda r: r["peak_bytes"])
+    return (f"largest peak GPU memory of one check: {top['peak_bytes'] / 1e9:.2f} GB ({top['check']} on {top['backend']}, {top['case_id']}); "
+            f"largest relative to its case: {r['peak_bytes'] / r['case_bytes']:.2f}x the input + output bytes ({r['check']} on {r['backend']}, {r['case_id']})")
+
+
 def render_html(report: dict[str, Any]) -> str:
     """HTML text of ``report`` (a dict following the report schema)."""
     records = [dict(r) for r in report["records"]]
+    for r in records:
+        r["_memory"] = _memory_note(r)
     pics, aggregate = _histograms(records)
     return _env().get_template("report.html").render(
         report=report,
@@ -102,4 +124,5 @@ def render_html(report: dict[str, Any]) -> str:
         hist_labels=hist_labels(),
         sections=report["sections"],
         baseline=report.get("baseline"),
+        memory_line=_largest_peak(records),
     )

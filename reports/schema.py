@@ -8,8 +8,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = "1.1"
-"""1.1: check "invariant.recalibrate"."""
+SCHEMA_VERSION = "1.2"
+"""1.1: check "invariant.recalibrate".  1.2: record ``outcome`` (``checked``/``oom``), ``peak_bytes``,
+``case_bytes``.  Reports of 1.0 and 1.1 still load (every 1.2 field is optional)."""
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.schema.json"
 
 

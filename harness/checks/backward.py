@@ -17,7 +17,8 @@ from moe_fq_parity.reference import split_expert_amax
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, ulp_distance
 
 from .common import (
-    CheckContext, call_backend, call_options, mismatch_message, not_run_reason, offenders_of, problems_of, record, summarize,
+    MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
+    summarize,
 )
 
 
@@ -34,24 +35,35 @@ def _bitwise(expected: torch.Tensor, got: torch.Tensor) -> Comparison:
 
 
 def check_backward(ctx: CheckContext, mode: str):
-    """Compare ``backend.ste_backward(..., mode)`` with ``reference.ste_backward_experts``."""
+    """Compare ``backend.ste_backward(..., mode)`` with ``reference.ste_backward``, expert by expert.
+
+    Memory: the reference gradient of one expert at a time (computed while comparing).
+    """
     check = f"backward.{mode}"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
         return record(ctx, check, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
     if not callable(getattr(be, "ste_backward", None)):
         return record(ctx, check, "skip", "backend has no ste_backward (optional in the contract)")
-    expected = reference.ste_backward_experts(inputs.weights, inputs.amax, inputs.grads, mode)
+    per = split_expert_amax(inputs.weights, inputs.amax)
+    if len(inputs.grads) != len(inputs.weights):
+        raise ValueError(f"{len(inputs.grads)} gradients for {len(inputs.weights)} experts")
     call = call_backend(ctx, lambda: be.ste_backward(inputs.weights, inputs.amax, inputs.grads, case.fmt, mode, **call_options(case)))
     timing = {"duration_s": call.seconds}
     if (reason := not_run_reason(ctx, call)) is not None:
         return record(ctx, check, "skip", reason, **timing)
     if (problem := problems_of(call, inputs.grads)) is not None:
         return record(ctx, check, "fail", problem, **timing)
-    comps = [_bitwise(e, g) for e, g in zip(expected, call.value)]
+    comps, offenders = [], []
+    for e, (w, a, g, got) in enumerate(zip(inputs.weights, per, inputs.grads, call.value)):
+        want = reference.ste_backward(w, a, g, mode)
+        comp = _bitwise(want, got)
+        comps.append(comp)
+        if comp.counts["error"] and len(offenders) < MAX_OFFENDERS:
+            amax_full = a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
+            offenders += expert_offenders(e, comp, w, want, got, amax_full, MAX_OFFENDERS - len(offenders))
+        del want
     fields = summarize(comps, inputs.amax)
     verdict = "pass" if fields["counts"]["exact"] == case.numel else "fail"
-    amax_full = [a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w) for w, a in zip(inputs.weights, split_expert_amax(inputs.weights, inputs.amax))]
-    offenders = offenders_of(comps, inputs.weights, expected, call.value, amax_full)
     msg = mismatch_message(fields, case.numel)
-    return record(ctx, check, verdict, (msg + " (bitwise)") if msg else "", offenders=offenders, **fields, **timing)
+    return record(ctx, check, verdict, (msg + " (bitwise)") if msg else "", offenders=tuple(offenders), **fields, **timing)

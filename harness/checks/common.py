@@ -10,6 +10,7 @@ import torch
 from moe_fq_parity.cases import CaseInputs
 from moe_fq_parity.harness.backends import LoadedBackend
 from moe_fq_parity.harness.core.guard import Call, guarded, output_problems
+from moe_fq_parity.harness.core.memory import CheckOutOfMemory, forget, is_oom
 from moe_fq_parity.harness.core.records import CheckRecord, ExpertStats, Offender
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.ulp import CLASSES, HIST_EDGES, Comparison
@@ -29,6 +30,9 @@ class CheckContext:
     timeout_s: Optional[float] = 120.0
     copy_gbps: Optional[float] = None
     extra: dict = field(default_factory=dict)
+    mem_base: Optional[int] = None
+    """CUDA bytes allocated before the case's tensors were built (the zero of ``peak_bytes``);
+    ``None``: measure from the start of each check."""
 
     @property
     def case(self):
@@ -56,12 +60,20 @@ def record(ctx: CheckContext, check: str, verdict: str, message: str = "", **fie
     return CheckRecord(
         case_id=case.id, backend=ctx.backend.spec, check=check, verdict=verdict, fmt=case.fmt, n=case.n,
         numel=case.numel, mode=ctx.mode, message=message,
-        repro=repro_command(case.id, ctx.backend.spec, check, ctx.seed, ctx.mode), **fields,
+        repro=repro_command(case.id, ctx.backend.spec, check, ctx.seed, ctx.mode), case_bytes=ctx.inputs.nbytes, **fields,
     )
 
 
 def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
-    return guarded(fn, ctx.timeout_s)
+    """``guarded(fn)``; a backend that ran out of memory raises ``CheckOutOfMemory`` out of the check
+    (its record becomes ``oom``, never a parity verdict) after its traceback's frames are dropped."""
+    call = guarded(fn, ctx.timeout_s)
+    if call.error is not None and is_oom(call.error):
+        message = call.message
+        forget(call.error)
+        del call
+        raise CheckOutOfMemory("the backend call", message)
+    return call
 
 
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
@@ -91,25 +103,24 @@ def _scalar(t: torch.Tensor, i: int) -> float:
     return float(t.reshape(-1)[i].float())
 
 
-def offenders_of(
-    comps: Sequence[Comparison], inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor],
-    pre: Optional[Sequence[Optional[torch.Tensor]]] = None, limit: int = MAX_OFFENDERS,
-) -> tuple[Offender, ...]:
-    """The first ``limit`` mismatching elements over the experts, with their inputs and values."""
-    out: list[Offender] = []
-    for e, comp in enumerate(comps):
-        cols = inputs[e].shape[-1] if inputs[e].dim() else 1
-        for j in range(min(comp.mismatch_index.numel(), limit - len(out))):
-            i = int(comp.mismatch_index[j])
-            p = pre[e] if pre is not None else None
-            out.append(Offender(
-                expert=e, row=i // cols, col=i % cols, input=_scalar(inputs[e], i), expected=_scalar(expected[e], i),
-                got=_scalar(got[e], i), pre_round=_scalar(p, i) if p is not None else None,
-                ulp=int(comp.mismatch_ulp[j]), cls=CLASSES[int(comp.mismatch_class[j])],
-            ))
-        if len(out) >= limit:
-            break
-    return tuple(out)
+def expert_offenders(
+    e: int, comp: Comparison, x: torch.Tensor, expected: torch.Tensor, got: torch.Tensor, pre: Optional[torch.Tensor], limit: int,
+) -> list[Offender]:
+    """The first ``limit`` mismatching elements of expert ``e``, with their inputs and values.
+
+    The checks compare expert by expert and call this while the expert's tensors are at hand, so
+    nothing expert-sized is kept for the offender table (``MAX_OFFENDERS`` over all experts).
+    """
+    cols = x.shape[-1] if x.dim() else 1
+    out = []
+    for j in range(min(comp.mismatch_index.numel(), max(0, limit))):
+        i = int(comp.mismatch_index[j])
+        out.append(Offender(
+            expert=e, row=i // cols, col=i % cols, input=_scalar(x, i), expected=_scalar(expected, i),
+            got=_scalar(got, i), pre_round=_scalar(pre, i) if pre is not None else None,
+            ulp=int(comp.mismatch_ulp[j]), cls=CLASSES[int(comp.mismatch_class[j])],
+        ))
+    return out
 
 
 def expert_amax_value(amax: torch.Tensor, e: int) -> float:

@@ -11,14 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from moe_fq_parity import reference
 from moe_fq_parity.reference import FakeQuantResult, split_expert_amax
 
-from moe_fq_parity.harness.core.ulp import compare
+from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
 
 from .common import (
-    CheckContext, call_backend, call_options, mismatch_message, not_run_reason, offenders_of, problems_of, record,
-    reference_options, summarize,
+    MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of,
+    record, reference_options, summarize,
 )
 
 CHECK = "forward"
@@ -26,21 +28,51 @@ CHECK = "forward"
 
 @dataclass(frozen=True)
 class Expected:
-    """Reference results per expert (traced), or why the reference rejects the input."""
+    """Reference outputs per expert (input dtype), or why the reference rejects the input.
 
-    traced: Optional[list[FakeQuantResult]]
+    Only the outputs are kept (one output-sized tensor per case); the fp32 pre-rounding values that
+    explain a mismatch are recomputed by ``trace_expert`` for the experts that mismatch.
+    """
+
+    outputs: Optional[list[torch.Tensor]]
     error: Optional[str]
 
 
 def expected_forward(inputs) -> Expected:
-    """Run the reference expert by expert (the per-expert loop defines the grouped result)."""
+    """Run the reference expert by expert (the per-expert loop defines the grouped result).
+
+    Memory: the outputs plus one expert's fp32 temporaries at a time.
+    """
     case = inputs.case
     try:
         per = split_expert_amax(inputs.weights, inputs.amax)
-        traced = [reference.fake_quant_traced(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
+        outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
-    return Expected(traced, None)
+    return Expected(outputs, None)
+
+
+def trace_expert(inputs, e: int) -> FakeQuantResult:
+    """The reference's traced result (output and fp32 pre-rounding values) of expert ``e``."""
+    case = inputs.case
+    amax = split_expert_amax(inputs.weights, inputs.amax)[e]
+    return reference.fake_quant_traced(inputs.weights[e], amax, case.fmt, case.variant, **reference_options(case))
+
+
+def compare_expert(inputs, e: int, expected: torch.Tensor, got: torch.Tensor) -> tuple[Comparison, Optional[torch.Tensor]]:
+    """Classify expert ``e``'s elements; the pre-rounding values are traced only when it mismatches.
+
+    Returns the comparison and the pre-rounding values (``None`` when the expert matched).  The
+    traced output must equal ``expected`` bit for bit (it is the same reference call), else
+    ``RuntimeError``: the reference itself would be non-deterministic.
+    """
+    comp = compare(expected, got)
+    if comp.counts["exact"] == comp.numel:
+        return comp, None
+    traced = trace_expert(inputs, e)
+    if not bool(bits_equal(traced.out, expected).all()):
+        raise RuntimeError(f"the reference gave different bits for expert {e} when traced: it must be deterministic")
+    return compare(expected, got, traced.pre_round, traced.grid_round), traced.pre_round
 
 
 def check_forward(ctx: CheckContext, expected: Expected):
@@ -60,9 +92,11 @@ def check_forward(ctx: CheckContext, expected: Expected):
         return record(ctx, CHECK, "skip", reason, **timing)
     if (problem := problems_of(call, inputs.weights)) is not None:
         return record(ctx, CHECK, "fail", problem, **timing)
-    traced = expected.traced
-    comps = [compare(t.out, g, t.pre_round, t.grid_round) for t, g in zip(traced, call.value)]
+    comps, offenders = [], []
+    for e, (want, got) in enumerate(zip(expected.outputs, call.value)):
+        comp, pre = compare_expert(inputs, e, want, got)
+        comps.append(comp)
+        offenders += expert_offenders(e, comp, inputs.weights[e], want, got, pre, MAX_OFFENDERS - len(offenders))
     fields = summarize(comps, inputs.amax)
     verdict = "pass" if all(c.passes(ctx.mode) for c in comps) else "fail"
-    offenders = offenders_of(comps, inputs.weights, [t.out for t in traced], call.value, [t.pre_round for t in traced])
-    return record(ctx, CHECK, verdict, mismatch_message(fields, case.numel), offenders=offenders, **fields, **timing)
+    return record(ctx, CHECK, verdict, mismatch_message(fields, case.numel), offenders=tuple(offenders), **fields, **timing)

@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 VERDICTS = ("pass", "fail", "skip")
+OUTCOMES = ("checked", "oom")
+"""How a check ended: ``checked`` (it ran to its verdict) or ``oom`` (it ran out of memory: no parity
+verdict exists; the record's verdict is ``fail`` so every gate fails the run, and ``message`` names
+the case, its bytes and the memory free)."""
 CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
 """Check names, in report order."""
 
@@ -58,7 +62,12 @@ class CheckRecord:
 
     ``counts`` uses the classes of ``harness.core.ulp`` (``exact``, ``ulp1``, ``tie_flip``, ``error``);
     ``offenders`` are the first mismatches in (expert, row, col) order; ``repro`` is a shell command
-    that reruns exactly this case and check.
+    that reruns exactly this case and check.  ``outcome`` is ``checked`` or ``oom`` (see ``OUTCOMES``).
+    ``peak_bytes``: CUDA memory the check needed at its peak, counted from before the case's tensors
+    were built (``torch.cuda.max_memory_allocated`` during the check minus ``memory_allocated`` before
+    the case), so the case's inputs, gradients and reference outputs count; ``None`` off CUDA.
+    ``case_bytes``: the case's fake-quant input + output bytes (``CaseInputs.nbytes``), the unit of
+    the memory budget (``harness.core.memory.BUDGET_FACTOR``).
     """
 
     case_id: str
@@ -81,10 +90,17 @@ class CheckRecord:
     perf: Optional[Perf] = None
     repro: str = ""
     duration_s: float = 0.0
+    outcome: str = "checked"
+    peak_bytes: Optional[int] = None
+    case_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        if self.outcome == "oom" and self.verdict != "fail":
+            raise ValueError(f"an out-of-memory record has verdict 'fail' (the run fails), got {self.verdict!r}")
         if self.check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, got {self.check!r}")
 

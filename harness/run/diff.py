@@ -1,8 +1,9 @@
 """Compare two reports: regressions (exit non-zero), improvements and other changes.
 
 A regression is: a record that passed and now fails; a record that was exact and is not (even if it
-still passes under ``1-ulp``); a failing record that is new; a section row that passed and now fails;
-a slowdown beyond ``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).
+still passes under ``1-ulp``); a failing record that is new; a check that ran out of memory (outcome
+``oom``: no verdict, named as such); a section row that passed and now fails; a slowdown beyond
+``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
     new_r = {r["key"]: r for r in new["records"]}
     for key, n in new_r.items():
         o = old_r.get(key)
+        if n.get("outcome") == "oom":
+            if o is not None and o.get("outcome") == "oom":
+                d.changes.append(f"still out of memory: {key}")
+            else:
+                d.regressions.append(f"out of memory (no verdict): {key} ({n['message']})")
+            continue
         if o is None:
             (d.regressions if n["verdict"] == "fail" else d.changes).append(f"new {n['verdict']}: {key}" + (f" ({n['message']})" if n["verdict"] == "fail" else ""))
             continue

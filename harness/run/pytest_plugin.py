@@ -8,8 +8,12 @@ Enable with ``pytest_plugins = ["harness.run.pytest_plugin"]`` in the root ``con
   deselected, so ``pytest`` stays the CPU tier and ``pytest -m slow`` runs the large cases.
 * ``parity_check(name)`` runs one check (``harness.records.CHECKS``) and records its ``CheckRecord``;
   ``--parity-report DIR`` writes every record to ``DIR/report.json`` and ``DIR/report.html``, also
-  under ``pytest -n auto`` (xdist workers send their records to the controller; with several GPUs
-  each worker uses GPU ``worker index % count``).
+  under ``pytest -n auto`` (xdist workers send their records to the controller).
+* GPU tests (marked ``gpu`` or ``slow``) lease a GPU for their whole run (``harness.run.gpu_lease``):
+  one GPU test per GPU at a time, however many xdist workers; the others run CPU tests meanwhile.
+* Memory: a case's tensors (inputs and reference outputs) are shared by the consecutive tests of
+  that case and dropped at the teardown of the last one (``nextitem`` is another case), so nothing
+  that outlives the case's tests holds it; each record carries the check's peak CUDA memory.
 * Settings are resolved once (command line > environment ``PARITY_*`` > default) into a frozen
   ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.
 """
@@ -17,7 +21,6 @@ Enable with ``pytest_plugins = ["harness.run.pytest_plugin"]`` in the root ``con
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -98,6 +101,7 @@ def _resolve(config: pytest.Config) -> ParitySettings:
 
 
 def _worker_index() -> Optional[int]:
+    """xdist worker number (``gw3`` -> 3), ``None`` outside a worker."""
     wid = os.environ.get("PYTEST_XDIST_WORKER", "")
     return int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else None
 
@@ -112,12 +116,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.getoption("hypothesis_profile", None):
         hsettings.load_profile(settings.hypothesis_profile)
-    idx = _worker_index()
-    if idx is not None:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
-            torch.cuda.set_device(idx % torch.cuda.device_count())
     if settings.report_dir is not None and not hasattr(config, "workerinput"):
         config.stash[WRITER] = _new_writer(config, settings)
 
@@ -207,34 +205,129 @@ def parity_record(request: pytest.FixtureRequest) -> Callable[[Any], None]:
     return add
 
 
-_INPUTS: "OrderedDict[tuple, tuple]" = OrderedDict()
-_INPUTS_KEEP = 4
+@dataclass
+class _CaseTensors:
+    """The tensors of the case under test: inputs, reference outputs, and the CUDA bytes before them."""
+
+    key: tuple
+    inputs: Any
+    expected: Any
+    mem_base: Optional[int]
 
 
-def _inputs_and_expected(case, seed: int, device: str) -> tuple:
-    """Inputs and reference results of a case, shared by the checks of one case (small LRU)."""
+_CURRENT: list[_CaseTensors] = []
+"""At most one entry: the case of the running test (see ``pytest_runtest_teardown``)."""
+
+
+def _device_key(device: str) -> tuple[str, Optional[int]]:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return dev.type, torch.cuda.current_device()
+    return dev.type, dev.index
+
+
+def _case_tensors(case, seed: int, device: str) -> _CaseTensors:
+    """Inputs and reference outputs of a case, shared by the consecutive checks of that case."""
     from moe_fq_parity.cases import make_inputs
 
     from moe_fq_parity.harness.checks import expected_forward
+    from moe_fq_parity.harness.core.memory import allocated
 
-    key = (case.id, seed, device)
-    if key not in _INPUTS:
-        inputs = make_inputs(case, seed, device)
-        _INPUTS[key] = (inputs, expected_forward(inputs))
-        while len(_INPUTS) > _INPUTS_KEEP:
-            _INPUTS.popitem(last=False)
-    return _INPUTS[key]
+    key = (case.id, seed, _device_key(device))
+    if _CURRENT and _CURRENT[0].key == key:
+        return _CURRENT[0]
+    _drop_case_tensors()
+    import torch
+
+    base = allocated(torch.device(device))
+    inputs = make_inputs(case, seed, device)
+    _CURRENT.append(_CaseTensors(key, inputs, expected_forward(inputs), base))
+    return _CURRENT[0]
+
+
+RELEASE_BYTES = 64 << 20
+"""Dropping a case at least this large also returns PyTorch's cached device memory."""
+
+
+def _drop_case_tensors() -> None:
+    if not _CURRENT:
+        return
+    entry = _CURRENT.pop()
+    large = entry.inputs.nbytes >= RELEASE_BYTES
+    del entry
+    if large:
+        from moe_fq_parity.harness.core.memory import release
+
+        release()
+
+
+def _parity_case_of(item: Optional[pytest.Item]) -> Any:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("parity_case") if callspec is not None else None
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
+    """Drop the case's tensors unless the next test checks the same case."""
+    if _CURRENT and (nextitem is None or _parity_case_of(nextitem) != _parity_case_of(item)):
+        _drop_case_tensors()
+
+
+def _needs_gpu_lease(item: pytest.Item) -> bool:
+    if not (item.get_closest_marker("gpu") or item.get_closest_marker("slow")):
+        return False
+    try:
+        from _pytest.skipping import evaluate_skip_marks
+
+        if evaluate_skip_marks(item) is not None:
+            return False
+    except Exception:  # noqa: BLE001 - pytest internals moved or a skipif condition failed: lease to be safe
+        pass
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
+    """Hold a GPU lease around a GPU test's setup, call and teardown (``harness.run.gpu_lease``)."""
+    lease = None
+    if _needs_gpu_lease(item):
+        from .gpu_lease import acquire
+
+        lease = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=_worker_index() or 0)
+    try:
+        yield
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 @pytest.fixture
 def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_record) -> Callable[[str], Any]:
     """``parity_check(name)`` runs one check on this case and backend, records and returns its record."""
-    from moe_fq_parity.harness.checks import CheckContext, run_case_checks
+    from moe_fq_parity.harness.checks import CheckContext, case_oom_record, run_case_checks
+    from moe_fq_parity.harness.core.memory import OOM_ERRORS, case_bytes, forget, release
 
     def run(name: str):
-        inputs, expected = _inputs_and_expected(parity_case, parity_settings.seed, parity_loaded_backend.device or "cpu")
-        ctx = CheckContext(parity_loaded_backend, inputs, parity_settings.seed, parity_settings.mode, parity_settings.timeout_s)
-        recs = [r for r in run_case_checks(ctx, [name], expected) if r.check == name]
+        device = parity_loaded_backend.device or "cpu"
+        detail = None
+        try:
+            tensors = _case_tensors(parity_case, parity_settings.seed, device)
+        except OOM_ERRORS as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            forget(exc)
+        if detail is not None:
+            _drop_case_tensors()
+            release()
+            rec = case_oom_record(parity_case, parity_loaded_backend.spec, name, parity_settings.seed, parity_settings.mode,
+                                  case_bytes(parity_case), device, "building the case inputs and reference outputs", detail)
+            parity_record(rec)
+            return rec
+        ctx = CheckContext(parity_loaded_backend, tensors.inputs, parity_settings.seed, parity_settings.mode, parity_settings.timeout_s,
+                           mem_base=tensors.mem_base)
+        recs = [r for r in run_case_checks(ctx, [name], tensors.expected) if r.check == name]
         for r in recs:
             parity_record(r)
         return recs[0]
@@ -246,6 +339,8 @@ def assert_record(rec) -> None:
     """Skip on a ``skip`` record, fail with the message and repro on a ``fail`` record."""
     if rec.verdict == "skip":
         pytest.skip(rec.message)
+    if rec.outcome == "oom":
+        pytest.fail(f"{rec.check} ran out of memory for {rec.case_id} on {rec.backend}: {rec.message}\n  repro: {rec.repro}", pytrace=False)
     if rec.verdict == "fail":
         lines = [f"{rec.check} failed for {rec.case_id} on {rec.backend}: {rec.message}"]
         lines += [f"  offender {o}" for o in rec.offenders[:5]]

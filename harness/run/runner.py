@@ -15,8 +15,9 @@ from moe_fq_parity.reports.html import overall_verdict
 from moe_fq_parity.reports.writer import ReportWriter, now_iso
 
 from moe_fq_parity.harness.backends import LoadedBackend
-from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
+from moe_fq_parity.harness.checks import CheckContext, case_oom_record, expected_forward, run_case_checks
 from .diff import diff_reports, format_diff
+from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.sections import run_sections
@@ -60,31 +61,51 @@ def _input_failure(case: Case, backend: LoadedBackend, seed: int, exc: BaseExcep
                        repro=repro_command(case.id, backend.spec, "forward", seed))
 
 
+def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
+                  copy_gbps: Optional[float]) -> list[CheckRecord]:
+    """Every record of ``case`` on the backends of one device; the case's tensors are dropped on return.
+
+    Out of memory while building the inputs or the reference outputs gives ``oom`` records (the
+    memory is released first, so the message's "free" is what the next case gets).
+    """
+    dev = torch.device(device)
+    base = allocated(dev)
+    oom_detail = None
+    try:
+        inputs = make_inputs(case, cfg.seed, device)
+        expected = expected_forward(inputs)
+    except KeyboardInterrupt:
+        raise
+    except OOM_ERRORS as exc:
+        oom_detail = f"{type(exc).__name__}: {exc}"
+        forget(exc)
+    except Exception as exc:  # noqa: BLE001 - a case that cannot be built fails, the run goes on
+        return [_input_failure(case, b, cfg.seed, exc) for b in group]
+    if oom_detail is not None:
+        release(dev)
+        return [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
+                                "building the case inputs and reference outputs", oom_detail) for b in group]
+    recs: list[CheckRecord] = []
+    for b in group:
+        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps, mem_base=base)
+        recs += run_case_checks(ctx, checks, expected)
+    return recs
+
+
 def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float]) -> None:
     from tqdm import tqdm
 
     runnable = [b for b in cfg.backends if b.available]
     checks = cfg.checks + (("perf",) if cfg.perf and "perf" not in cfg.checks else ())
     failures = 0
-    bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}", unit="case", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}", unit="case",
+               disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     for case in bar:
         by_device: dict[str, list[LoadedBackend]] = {}
         for b in runnable:
             by_device.setdefault(b.device or "cpu", []).append(b)
         for device, group in by_device.items():
-            try:
-                inputs = make_inputs(case, cfg.seed, device)
-                expected = expected_forward(inputs)
-            except (KeyboardInterrupt, MemoryError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - a case that cannot be built fails, the run goes on
-                recs = [_input_failure(case, b, cfg.seed, exc) for b in group]
-            else:
-                recs = []
-                for b in group:
-                    ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps)
-                    recs += run_case_checks(ctx, checks, expected)
-                del inputs, expected
+            recs = _case_records(cfg, case, device, group, checks, copy_gbps)
             failures += sum(r.verdict == "fail" for r in recs)
             writer.add(r.to_json() for r in recs)
         bar.set_postfix(fail=failures, refresh=False)
@@ -130,6 +151,11 @@ def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
     report = writer.report
     counts = {v: sum(r["verdict"] == v for r in report["records"]) for v in ("pass", "fail", "skip")}
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {writer.json_path} and {writer.html_path}")
+    oom = [r for r in report["records"] if r.get("outcome") == "oom"]
+    if oom:
+        print(f"{len(oom)} checks ran out of memory (no parity verdict; the run fails):", file=sys.stderr)
+        for r in oom[:20]:
+            print(f"  {r['check']} on {r['backend']}: {r['message']}", file=sys.stderr)
     for b in cfg.backends:
         if not b.available:
             print(f"backend {b.spec} skipped: {b.reason}")

@@ -134,3 +134,34 @@ class NoName:
 
     def fake_quant(self, weights, amax, fmt, **options):
         return list(weights)
+
+
+OOM_NUMEL = 1000
+"""``OutOfMemoryOnLarge`` runs out of memory on calls over this many elements."""
+
+HELD: list = []
+"""Weak references to what ``OutOfMemoryOnLarge`` held when it raised (the tests check they died)."""
+
+
+class OutOfMemoryOnLarge(_Base):
+    """Raises ``torch.OutOfMemoryError`` (as CUDA does) on calls over ``OOM_NUMEL`` elements, after
+    allocating a working buffer that only its traceback's frame references; smaller calls are right."""
+
+    name = "oom-on-large"
+
+    def _maybe_oom(self, weights):
+        numel = sum(w.numel() for w in weights)
+        if numel > OOM_NUMEL:
+            import weakref
+
+            workspace = torch.empty(4 * numel, dtype=torch.float32)
+            HELD.append(weakref.ref(workspace))
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {8 * numel} bytes (simulated)")
+
+    def fake_quant(self, weights, amax, fmt, variant=None, **options):
+        self._maybe_oom(weights)
+        return self._ref(weights, amax, fmt, variant, **options)
+
+    def ste_backward(self, weights, amax, grads, fmt, mode, **options):
+        self._maybe_oom(weights)
+        return super().ste_backward(weights, amax, grads, fmt, mode, **options)

@@ -1,0 +1,113 @@
+"""One GPU test per GPU at a time, across pytest-xdist workers (and concurrent pytest sessions).
+
+A GPU test (marked ``gpu`` or ``slow``) holds an exclusive lease on one GPU from before its fixtures
+are set up until after they are torn down: the lease is an ``flock`` on a per-GPU lock file, keyed by
+the GPU's UUID, in ``PARITY_GPU_LOCK_DIR`` (default ``<tmp>/moe-fq-parity-gpu-locks``).  The test runs
+with that GPU as the current CUDA device.  Before the lease is given back the worker collects garbage
+and empties PyTorch's cache, so the next holder (another process) finds the memory free.  A test
+marked both ``dist`` and ``gpu`` (several GPUs, e.g. NCCL ranks) leases every GPU, in index order.
+
+So with ``pytest -n G`` on G GPUs each GPU serves one test at a time and G GPU tests run at once;
+with more workers than GPUs (``-n auto``), the extra workers run the other (CPU or small) tests and
+wait for a free GPU when they reach a GPU test.  Locks held by a process that dies are released by
+the kernel.  Tests that are not marked run where they land, as in a serial run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+LOCK_DIR_ENV = "PARITY_GPU_LOCK_DIR"
+POLL_S = 0.05
+"""How often a worker waiting for a GPU polls the locks, seconds."""
+
+
+def lock_dir() -> Path:
+    """Where the per-GPU lock files live (``PARITY_GPU_LOCK_DIR`` or ``<tmp>/moe-fq-parity-gpu-locks``)."""
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "moe-fq-parity-gpu-locks")
+
+
+def gpu_key(index: int) -> str:
+    """A name for visible GPU ``index`` that is the same in every process (its UUID when torch has it)."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return f"gpu-{uuid}"
+    bus = getattr(props, "pci_bus_id", None)
+    return f"gpu-pci-{bus}" if bus is not None else f"gpu-index-{index}"
+
+
+class Lease:
+    """GPUs held by this process until ``release``."""
+
+    def __init__(self, devices: Sequence[int], fds: Sequence[int], waited_s: float) -> None:
+        self.devices = tuple(devices)
+        self._fds = list(fds)
+        self.waited_s = waited_s
+
+    def release(self) -> None:
+        """Free this process's cached GPU memory, then unlock (idempotent)."""
+        if not self._fds:
+            return
+        from moe_fq_parity.harness.core.memory import release
+
+        # a failed test's traceback (kept by pytest for post-mortem debugging) would keep its frames' tensors
+        for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        try:
+            release()
+        finally:
+            for fd in self._fds:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            self._fds = []
+
+
+def _open(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file: a shared lock dir needs only read access
+        return os.open(path, os.O_RDONLY)
+
+
+def acquire(*, all_devices: bool = False, prefer: int = 0, directory: Optional[Path] = None) -> Lease:
+    """Lease one free GPU (``prefer`` tried first, then the others; waits until one is free), or all.
+
+    Sets the leased GPU (the first one, for ``all_devices``) as the current CUDA device.
+    """
+    count = torch.cuda.device_count()
+    if count < 1:
+        raise RuntimeError("no CUDA device to lease")
+    root = directory or lock_dir()
+    paths = [root / f"{gpu_key(i)}.lock" for i in range(count)]
+    start = time.monotonic()
+    if all_devices:
+        fds = []
+        for p in paths:
+            fd = _open(p)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fds.append(fd)
+        torch.cuda.set_device(0)
+        return Lease(range(count), fds, time.monotonic() - start)
+    order = [(prefer + k) % count for k in range(count)]
+    while True:
+        for i in order:
+            fd = _open(paths[i])
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            torch.cuda.set_device(i)
+            return Lease([i], [fd], time.monotonic() - start)
+        time.sleep(POLL_S)

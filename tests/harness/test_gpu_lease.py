@@ -1,0 +1,124 @@
+"""One GPU test per GPU at a time under pytest-xdist (``harness.run.gpu_lease``), proven on CPU.
+
+A throwaway project fakes two CUDA devices in its conftest (device count, UUIDs, ``set_device``) and
+runs GPU tests (marked ``slow``) and plain tests with ``-n 2``: every GPU test runs on a leased
+device and no two GPU tests overlap on one device.  The same project without the plugin does overlap
+(the control that shows the assertion can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from moe_fq_parity.harness.run import gpu_lease
+
+CONFTEST = """
+import os
+from types import SimpleNamespace
+
+import torch
+
+COUNT = int(os.environ["FAKE_GPUS"])
+current = [0]
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: COUNT
+torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=f"fake-{i}")
+torch.cuda.set_device = lambda i: current.__setitem__(0, i)
+"""
+
+TESTS = """
+import json, os, time
+
+import pytest
+
+from conftest import current
+
+
+def _log(kind, i):
+    start = time.time()
+    time.sleep(0.5)
+    with open(os.environ["LEASE_LOG"], "a") as f:
+        f.write(json.dumps({"kind": kind, "i": i, "device": current[0], "start": start, "end": time.time(),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(6))
+def test_gpu(i):
+    _log("gpu", i)
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_cpu(i):
+    _log("cpu", i)
+"""
+
+
+def _run_project(tmp_path: Path, *extra: str) -> list[dict]:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_fake_gpu.py").write_text(TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    log = tmp_path / "lease.jsonl"
+    env = dict(os.environ, FAKE_GPUS="2", LEASE_LOG=str(log), PARITY_GPU_LOCK_DIR=str(tmp_path / "locks"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", *extra], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _same_device_overlaps(rows: list[dict]) -> list[tuple[int, int]]:
+    gpu = [r for r in rows if r["kind"] == "gpu"]
+    return [(a["i"], b["i"]) for a in gpu for b in gpu
+            if a["i"] < b["i"] and a["device"] == b["device"] and a["start"] < b["end"] and b["start"] < a["end"]]
+
+
+def test_gpu_tests_never_share_a_gpu_across_xdist_workers(tmp_path):
+    rows = _run_project(tmp_path)
+    assert len(rows) == 12
+    assert _same_device_overlaps(rows) == []
+    assert {r["device"] for r in rows if r["kind"] == "gpu"} <= {0, 1}
+    assert len({r["worker"] for r in rows}) > 1  # the run was parallel
+
+
+def test_without_the_lease_gpu_tests_overlap_on_one_gpu(tmp_path):
+    rows = _run_project(tmp_path, "-p", "no:moe_fq_parity")
+    assert _same_device_overlaps(rows), "control: without leases the fake GPU tests should overlap"
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch, tmp_path):
+    chosen = []
+    monkeypatch.setattr(gpu_lease.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(gpu_lease.torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"fake-{i}"))
+    monkeypatch.setattr(gpu_lease.torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv(gpu_lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    return chosen
+
+
+def test_a_lease_takes_a_free_gpu_and_waits_when_none_is(two_fake_gpus):
+    first = gpu_lease.acquire(prefer=0)
+    second = gpu_lease.acquire(prefer=0)
+    assert (first.devices, second.devices) == ((0,), (1,)) and two_fake_gpus == [0, 1]
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(gpu_lease.acquire(prefer=1)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got  # both GPUs are leased: the third waits
+    first.release()
+    waiter.join(timeout=10)
+    assert got and got[0].devices == (0,) and got[0].waited_s >= 0.25
+    second.release()
+    got[0].release()
+    everything = gpu_lease.acquire(all_devices=True)
+    assert everything.devices == (0, 1)
+    everything.release()
+    everything.release()  # idempotent
