@@ -10,7 +10,8 @@ from typing import Any
 
 SCHEMA_VERSION = "1.2"
 """1.1: check "invariant.recalibrate".  1.2: record ``outcome`` (``checked``/``oom``), ``peak_bytes``,
-``case_bytes``.  Reports of 1.0 and 1.1 still load (every 1.2 field is optional)."""
+``case_bytes``; ``meta.shard`` (a shard of a sharded run) and ``meta.merged`` (a merged report).
+Reports of 1.0 and 1.1 still load (every 1.2 field is optional)."""
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.schema.json"
 
 

@@ -45,6 +45,17 @@ def new_report(meta: dict[str, Any]) -> dict[str, Any]:
             "sections": [], "baseline": None}
 
 
+def write_report(out_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Path]:
+    """Write a finished ``report`` as ``out_dir/report.json`` and ``out_dir/report.html`` (atomically each)."""
+    from .html import render_html
+
+    out = Path(out_dir)
+    json_path, html_path = out / "report.json", out / "report.html"
+    atomic_write_text(json_path, json.dumps(json_safe(report), indent=1, allow_nan=False))
+    atomic_write_text(html_path, render_html(json.loads(json_path.read_text())))
+    return json_path, html_path
+
+
 class ReportWriter:
     """Accumulates records and sections and writes ``out_dir/report.json`` (and ``report.html``)."""
 

@@ -3,6 +3,10 @@
 * ``run``: run a suite (default ``smoke``) on backends (default: every built-in that is available
   here), write ``OUT/report.json`` and ``OUT/report.html`` (default ``./parity-report``); exit 0 only
   when every check passed (1 on failures, 2 when a backend asked for is unavailable, 130 on Ctrl-C).
+* ``run --shard i/n``: run a deterministic 1/n of the selected cases, balanced by bytes
+  (``harness.run.shard``); ``merge R1 R2 ... --out DIR`` joins the shards' report.json files into one
+  report.json + report.html equal to an unsharded run's (``reports.merge``; exit 2 when they are not
+  the shards of one run).
 * ``compare OLD NEW``: print regressions, improvements and changes; exit 1 on any regression.
 * ``list``: suites and their cases, and the backends with their availability.
 * ``selftest``: run the built-in mutants (deliberately broken backends) through a suite; exit 0 only
@@ -50,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--no-sections", action="store_true", help="run no extra report sections")
     r.add_argument("--out", type=Path, default=Path("parity-report"), help="output directory (default ./parity-report)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--shard", default=None, metavar="I/N",
+                   help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
+    mg = sub.add_parser("merge", help="merge the report.json files of a sharded run into one report.json + report.html")
+    mg.add_argument("reports", type=Path, nargs="+", metavar="REPORT", help="report.json of every shard (run --shard i/n)")
+    mg.add_argument("--out", type=Path, required=True, help="output directory of the merged report")
     c = sub.add_parser("compare", help="diff two report.json files; exit 1 on regression")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
@@ -107,9 +116,20 @@ def _cmd_run(args) -> int:
     except BackendLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cases = _select_cases(args)
-    if not cases:
+    from .shard import parse_shard, select_shard
+
+    try:
+        shard = parse_shard(args.shard) if args.shard is not None else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    selection = _select_cases(args)
+    if not selection:
         print("error: no case matches the selection", file=sys.stderr)
+        return 2
+    cases = select_shard(selection, shard) if shard is not None else selection
+    if not cases:
+        print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
         return 2
     if (problem := _unwritable(args.out)) is not None:
         print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
@@ -127,7 +147,7 @@ def _cmd_run(args) -> int:
         timeout_s=args.timeout or None, perf=torch.cuda.is_available() if args.perf is None else args.perf,
         sections=() if args.no_sections else (tuple(args.sections) if args.sections is not None else None),
         baseline=baseline, baseline_path=str(args.baseline or ""), progress=not args.no_progress,
-        explicit_backends=bool(specs), argv=tuple(sys.argv),
+        explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
     )
     try:
         return run(cfg)
@@ -149,6 +169,25 @@ def _cmd_compare(args) -> int:
     diff = diff_reports(old, new, slowdown=args.threshold)
     print(format_diff(diff))
     return 1 if diff.regressions else 0
+
+
+def _cmd_merge(args) -> int:
+    from moe_fq_parity.reports.html import overall_verdict
+    from moe_fq_parity.reports.merge import MergeError, merge_reports
+    from moe_fq_parity.reports.schema import load, validate
+    from moe_fq_parity.reports.writer import write_report
+
+    try:
+        merged = merge_reports([(str(p), load(p)) for p in args.reports])
+    except (MergeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    validate(merged)
+    json_path, html_path = write_report(args.out, merged)
+    counts = {v: sum(r["verdict"] == v for r in merged["records"]) for v in ("pass", "fail", "skip")}
+    print(f"merged {len(args.reports)} shards: {len(merged['records'])} records ({counts['pass']} passed, {counts['fail']} failed, "
+          f"{counts['skip']} skipped){'' if merged['complete'] else ' INCOMPLETE: ' + str(merged['error'])}; report: {json_path} and {html_path}")
+    return 0 if merged["complete"] and overall_verdict(merged) == "pass" else 1
 
 
 def _cmd_list(args) -> int:
@@ -174,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     prepare()
     args = _parser().parse_args(argv)
-    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest}[args.command](args)
+    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest, "merge": _cmd_merge}[args.command](args)
 
 
 def console_main() -> None:

@@ -4,6 +4,10 @@ A regression is: a record that passed and now fails; a record that was exact and
 still passes under ``1-ulp``); a failing record that is new; a check that ran out of memory (outcome
 ``oom``: no verdict, named as such); a section row that passed and now fails; a slowdown beyond
 ``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).
+
+When the new report is one shard of a sharded run (``meta.shard``) and the old one is not, only the
+old records of the shard's cases are compared.  Merged reports (``moe-fq-parity merge``) compare like
+any report.
 """
 
 from __future__ import annotations
@@ -32,11 +36,26 @@ def _section_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f"{s['name']}:{row['id']}": row for s in report.get("sections", []) for row in s["rows"]}
 
 
+def planned_cases(shard: dict[str, Any]) -> set[str]:
+    """Case ids a shard was assigned (from its ``meta.shard``: the selection and its index/count)."""
+    from moe_fq_parity.cases import Case
+
+    from .shard import Shard, select_shard
+
+    selection = [Case.from_id(cid) for cid in shard["selection"]]
+    return {c.id for c in select_shard(selection, Shard(shard["index"], shard["count"]))}
+
+
 def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = SLOWDOWN_THRESHOLD) -> Diff:
     """What changed from ``old`` to ``new`` (both report dicts)."""
     d = Diff()
     old_r = {r["key"]: r for r in old["records"]}
     new_r = {r["key"]: r for r in new["records"]}
+    shard = new.get("meta", {}).get("shard")
+    if shard and not old.get("meta", {}).get("shard"):
+        mine = planned_cases(shard)
+        old_r = {k: r for k, r in old_r.items() if r["case_id"] in mine}
+        d.changes.append(f"compared shard {shard['index']}/{shard['count']} ({len(mine)} cases) with the old report's records of those cases")
     for key, n in new_r.items():
         o = old_r.get(key)
         if n.get("outcome") == "oom":

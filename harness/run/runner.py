@@ -17,10 +17,11 @@ from moe_fq_parity.reports.writer import ReportWriter, now_iso
 from moe_fq_parity.harness.backends import LoadedBackend
 from moe_fq_parity.harness.checks import CheckContext, case_oom_record, expected_forward, run_case_checks
 from .diff import diff_reports, format_diff
+from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
-from moe_fq_parity.harness.sections import run_sections
+from moe_fq_parity.harness import sections as report_sections
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -44,6 +45,17 @@ class RunConfig:
     progress: bool = True
     explicit_backends: bool = False
     argv: tuple[str, ...] = field(default_factory=tuple)
+    shard: Optional[Shard] = None
+    """With a shard, ``cases`` are this shard's cases and ``selection`` every selected case."""
+    selection: tuple[Case, ...] = ()
+
+    def chosen_sections(self) -> tuple[str, ...]:
+        """The report sections of the whole run (all shards together)."""
+        return tuple(report_sections.SECTION_RUNNERS) if self.sections is None else self.sections
+
+    def section_names(self) -> tuple[str, ...]:
+        """The report sections this run produces (a shard runs its share of them)."""
+        return sections_of_shard(self.chosen_sections(), self.shard)
 
 
 def _run_device(backends: Sequence[LoadedBackend]) -> torch.device:
@@ -98,7 +110,7 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float])
     runnable = [b for b in cfg.backends if b.available]
     checks = cfg.checks + (("perf",) if cfg.perf and "perf" not in cfg.checks else ())
     failures = 0
-    bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}", unit="case",
+    bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}" + (f" shard {cfg.shard}" if cfg.shard else ""), unit="case",
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     for case in bar:
         by_device: dict[str, list[LoadedBackend]] = {}
@@ -125,11 +137,14 @@ def run(cfg: RunConfig) -> int:
         "backends": [b.to_json() for b in cfg.backends], "seed": cfg.seed, "mode": cfg.mode, "started": now_iso(),
         "finished": None, "source": "cli", "argv": list(cfg.argv), "cases_planned": len(cfg.cases), "timeout_s": cfg.timeout_s,
     }
+    if cfg.shard is not None:
+        meta["shard"] = shard_meta(cfg.selection, cfg.shard, cfg.chosen_sections())
     writer = ReportWriter(cfg.out_dir, meta)
     writer.write_json()
     try:
         _run_cases(cfg, writer, copy_gbps)
-        writer.set_sections(run_sections(cfg.suite, cfg.seed, str(device), cfg.sections) if cfg.sections != () else [])
+        names = cfg.section_names()
+        writer.set_sections(report_sections.run_sections(cfg.suite, cfg.seed, str(device), names) if names else [])
         if cfg.baseline is not None:
             diff = diff_reports(cfg.baseline, writer.report)
             writer.set_baseline(diff.to_json(cfg.baseline_path))

@@ -1,0 +1,84 @@
+"""Sharded runs: ``--shard i/n`` runs a deterministic 1/n of the selected cases, balanced by bytes.
+
+Assignment (longest processing time first, by bytes): the cases are ordered by input + output bytes,
+largest first (ties by case id), and each goes to the shard with the fewest bytes so far (ties to
+the lowest index).  It depends only on the selected cases, so every shard of a run computes the same
+partition; a shard runs its cases in the suite's order.  Report sections run round-robin over the
+shards, in the order they were chosen (section ``k`` in shard ``k mod n + 1``).
+
+Each shard's report carries ``meta.shard``: its index and count, the full selection's case ids (in
+run order) and their digest, so ``moe-fq-parity merge`` can prove the shards partition one selection
+(``moe_fq_parity.reports.merge``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from moe_fq_parity.cases import Case
+from moe_fq_parity.harness.core.memory import case_bytes
+
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (1-based) of ``count``."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(text: str) -> Shard:
+    """``"i/n"`` with ``1 <= i <= n`` -> ``Shard``; ``ValueError`` naming the expected form otherwise."""
+    m = _SPEC.match(text or "")
+    if not m:
+        raise ValueError(f"--shard {text!r}: expected i/n with integers 1 <= i <= n (e.g. 1/2)")
+    index, count = int(m.group(1)), int(m.group(2))
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard {text!r}: expected i/n with 1 <= i <= n, got i={index}, n={count}")
+    return Shard(index, count)
+
+
+def assign(cases: Sequence[Case], count: int) -> list[int]:
+    """The shard index (1-based) of each case (see the module docstring)."""
+    load = [0] * count
+    out = [0] * len(cases)
+    for k in sorted(range(len(cases)), key=lambda k: (-case_bytes(cases[k]), cases[k].id)):
+        best = min(range(count), key=lambda s: (load[s], s))
+        load[best] += case_bytes(cases[k])
+        out[k] = best + 1
+    return out
+
+
+def select_shard(cases: Sequence[Case], shard: Shard) -> tuple[Case, ...]:
+    """The cases of ``shard``, in their original order."""
+    return tuple(c for c, s in zip(cases, assign(cases, shard.count)) if s == shard.index)
+
+
+def sections_of_shard(sections: Sequence[str], shard: Optional[Shard]) -> tuple[str, ...]:
+    """The report sections this shard runs (all of them without sharding)."""
+    if shard is None:
+        return tuple(sections)
+    return tuple(name for k, name in enumerate(sections) if k % shard.count + 1 == shard.index)
+
+
+def selection_digest(case_ids: Sequence[str]) -> str:
+    """sha256 of the selection's case ids in run order (one per line)."""
+    return hashlib.sha256("\n".join(case_ids).encode()).hexdigest()
+
+
+def shard_meta(selection: Sequence[Case], shard: Shard, sections: Sequence[str]) -> dict:
+    """``meta.shard`` of a shard's report."""
+    ids = [c.id for c in selection]
+    mine = select_shard(selection, shard)
+    return {
+        "index": shard.index, "count": shard.count, "selection": ids, "selection_digest": selection_digest(ids),
+        "cases": len(mine), "bytes": sum(case_bytes(c) for c in mine), "sections": list(sections),
+    }
