@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Validate the GPU tiers on a GPU host: memory budget at Ultra scale, pytest tiers serial and with
+xdist, and (on a two-GPU host) xdist scaling and the sharded nightly.
+
+    python3 scripts/gpu_validate.py PHASE [PHASE ...]
+
+One-GPU phases (each fits a 10-minute job; run them one by one or several at once):
+
+* ``ultra``       -- every check of the Ultra case (N=32 x [5120, 8192] bf16, all formats) on every
+                     built-in backend through ``moe-fq-parity run``; prints the peak GPU memory per
+                     backend and check against the budget (3x input + output bytes), and the peak of
+                     building the case's tensors.
+* ``gpu``, ``gpu-xdist``   -- ``pytest -m gpu`` over the whole tree, serial / ``-n auto``.
+* ``slow``, ``slow-xdist`` -- ``pytest -m slow`` over the whole tree, serial / ``-n auto``.
+
+Two-GPU phases:
+
+* ``slow-n1``, ``slow-n2`` -- ``pytest -m slow -n 1`` and ``-n 2`` wall times (the speed-up is
+                              printed once both exist).
+* ``nightly-full``   -- ``moe-fq-parity run --suite nightly`` on GPU 0 (``CUDA_VISIBLE_DEVICES=0``).
+* ``nightly-shards`` -- ``--shard 1/2`` and ``--shard 2/2`` at once on GPUs 0 and 1, then ``merge``,
+                        then ``compare`` against the ``nightly-full`` report and a record-for-record
+                        verdict comparison.
+
+Environment: ``OUT`` (default ``./gpu-validate``) receives ``<phase>.json`` (the numbers), the
+reports and the logs; ``BACKENDS`` (default ``triton``) are the nightly's backends.  Loading reports
+(``merge``, ``compare``) needs ``jsonschema``, a dependency of the package: on a host without an
+index, install it from a wheelhouse (``pip install --no-index --find-links DIR jsonschema``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("OUT") or "gpu-validate").resolve()
+ULTRA_GLOB = "*/N32/5120x8192/*"
+BUDGET_FACTOR = 3
+CLI = [sys.executable, "-m", "moe_fq_parity.harness"]
+"""The ``moe-fq-parity`` command, run with this interpreter."""
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _save(phase: str, data: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{phase}.json").write_text(json.dumps(data, indent=1))
+    _say(f"-> {OUT / (phase + '.json')}")
+
+
+def _run(cmd: list[str], log: Path, env: dict | None = None) -> tuple[int, float, str]:
+    """Run ``cmd`` with its output in ``log``; exit code, wall seconds, last 40 lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as fh:
+        rc = subprocess.call(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    wall = time.monotonic() - start
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+    return rc, wall, tail
+
+
+def _devices() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "triton": _version("triton")}
+
+
+def _version(mod: str) -> str | None:
+    try:
+        return __import__(mod).__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _junit_counts(path: Path) -> dict:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    get = lambda k: sum(int(s.get(k, 0)) for s in suites)  # noqa: E731
+    tests, failures, errors, skipped = get("tests"), get("failures"), get("errors"), get("skipped")
+    return {"passed": tests - failures - errors - skipped, "failed": failures, "errors": errors, "skipped": skipped}
+
+
+def pytest_phase(phase: str, mark: str, xdist: str | None) -> dict:
+    junit = OUT / f"{phase}.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", mark, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
+    if xdist:
+        cmd += ["-n", xdist]
+    _say(f"=== {phase}: {' '.join(cmd[1:])}")
+    rc, wall, tail = _run(cmd, OUT / f"{phase}.log")
+    counts = _junit_counts(junit) if junit.exists() else {}
+    oom = len(re.findall(r"OutOfMemoryError|out of memory", (OUT / f"{phase}.log").read_text(errors="replace")))
+    data = {"phase": phase, "command": " ".join(["pytest", *cmd[3:]]), "exit_code": rc, "wall_s": round(wall, 1), **counts,
+            "oom_mentions": oom, "devices": _devices(), "tail": tail}
+    _say(f"{phase}: exit {rc}, {wall:.0f} s, {counts}, out-of-memory mentions {oom}")
+    return data
+
+
+def _peak_of_building_the_case() -> list[dict]:
+    """Peak memory of make_inputs + reference outputs of each Ultra case (what precedes the checks)."""
+    import torch
+
+    from moe_fq_parity.cases import make_inputs, select, suite
+    from moe_fq_parity.harness.checks import expected_forward
+
+    rows = []
+    for case in select(suite("ultra"), patterns=[ULTRA_GLOB]):
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        inputs = make_inputs(case, 1234, "cuda")
+        expected = expected_forward(inputs)
+        peak = torch.cuda.max_memory_allocated() - base
+        rows.append({"case": case.id, "case_bytes": inputs.nbytes, "build_peak_bytes": peak, "ratio": round(peak / inputs.nbytes, 3)})
+        del inputs, expected
+    torch.cuda.empty_cache()
+    return rows
+
+
+def ultra_phase() -> dict:
+    out = OUT / "ultra-report"
+    cmd = [*CLI, "run", "--suite", "ultra", "--cases", ULTRA_GLOB, "--backend", "reference", "--backend", "triton",
+           "--backend", "eager-loop", "--no-sections", "--no-progress", "--out", str(out)]
+    _say(f"=== ultra: {' '.join(cmd)}")
+    rc, wall, tail = _run(cmd, OUT / "ultra.log")
+    report = json.loads((out / "report.json").read_text())
+    table: dict[tuple[str, str], dict] = {}
+    for r in report["records"]:
+        row = table.setdefault((r["backend"], r["check"]), {"backend": r["backend"], "check": r["check"], "max_peak_bytes": None,
+                                                            "max_ratio": None, "pass": 0, "fail": 0, "skip": 0, "oom": 0})
+        row[r["verdict"]] += 1
+        row["oom"] += r.get("outcome") == "oom"
+        if r.get("peak_bytes") is not None and r.get("case_bytes"):
+            row["max_peak_bytes"] = max(row["max_peak_bytes"] or 0, r["peak_bytes"])
+            row["max_ratio"] = round(max(row["max_ratio"] or 0, r["peak_bytes"] / r["case_bytes"]), 3)
+    rows = list(table.values())
+    over = [r for r in rows if r["max_ratio"] is not None and r["max_ratio"] > BUDGET_FACTOR]
+    build = _peak_of_building_the_case()
+    _say(f"{'backend':<12} {'check':<22} {'max peak GB':>11} {'x in+out':>9} {'pass':>5} {'fail':>5} {'skip':>5} {'oom':>4}")
+    for r in rows:
+        peak = f"{r['max_peak_bytes'] / 1e9:.2f}" if r["max_peak_bytes"] is not None else "-"
+        ratio = f"{r['max_ratio']:.2f}" if r["max_ratio"] is not None else "-"
+        _say(f"{r['backend']:<12} {r['check']:<22} {peak:>11} {ratio:>9} {r['pass']:>5} {r['fail']:>5} {r['skip']:>5} {r['oom']:>4}")
+    for b in build:
+        _say(f"building {b['case']}: peak {b['build_peak_bytes'] / 1e9:.2f} GB = {b['ratio']:.2f}x in+out")
+    _say(f"ultra: exit {rc}, {wall:.0f} s; checks over the {BUDGET_FACTOR}x budget: {len(over)}")
+    return {"phase": "ultra", "command": " ".join(cmd), "exit_code": rc, "wall_s": round(wall, 1), "budget_factor": BUDGET_FACTOR,
+            "rows": rows, "over_budget": over, "building": build, "devices": _devices(), "tail": tail}
+
+
+def slow_scaling(phase: str, n: str) -> dict:
+    data = pytest_phase(phase, "slow", n)
+    other = OUT / ("slow-n1.json" if phase == "slow-n2" else "slow-n2.json")
+    if other.exists():
+        o = json.loads(other.read_text())
+        one, two = (o, data) if phase == "slow-n2" else (data, o)
+        data["speedup_n2_over_n1"] = round(one["wall_s"] / two["wall_s"], 2)
+        _say(f"pytest -m slow: -n 1 {one['wall_s']} s, -n 2 {two['wall_s']} s: {data['speedup_n2_over_n1']}x")
+    return data
+
+
+def _nightly_cmd(out: Path, *extra: str) -> list[str]:
+    backends = [b for spec in (os.environ.get("BACKENDS") or "triton").split(",") for b in ("--backend", spec)]
+    return [*CLI, "run", "--suite", "nightly", *backends, "--no-progress", "--out", str(out), *extra]
+
+
+def nightly_full() -> dict:
+    cmd = _nightly_cmd(OUT / "nightly-full")
+    _say(f"=== nightly-full (GPU 0): {' '.join(cmd)}")
+    rc, wall, tail = _run(cmd, OUT / "nightly-full.log", dict(os.environ, CUDA_VISIBLE_DEVICES="0"))
+    _say(f"nightly-full: exit {rc}, {wall:.0f} s")
+    return {"phase": "nightly-full", "command": "CUDA_VISIBLE_DEVICES=0 " + " ".join(cmd), "exit_code": rc, "wall_s": round(wall, 1),
+            "devices": _devices(), "tail": tail}
+
+
+def nightly_shards() -> dict:
+    procs, logs = [], []
+    start = time.monotonic()
+    for i in (1, 2):
+        cmd = _nightly_cmd(OUT / f"nightly-shard{i}", "--shard", f"{i}/2")
+        _say(f"=== shard {i}/2 on GPU {i - 1}: {' '.join(cmd)}")
+        log = open(OUT / f"nightly-shard{i}.log", "w")
+        logs.append(log)
+        procs.append((subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i - 1))), time.monotonic()))
+    walls, rcs = [], []
+    for p, t0 in procs:
+        rcs.append(p.wait())
+        walls.append(round(time.monotonic() - t0, 1))
+    for log in logs:
+        log.close()
+    wall = time.monotonic() - start
+    merge = [*CLI, "merge", str(OUT / "nightly-shard1" / "report.json"), str(OUT / "nightly-shard2" / "report.json"),
+             "--out", str(OUT / "nightly-merged")]
+    merge_rc, _, merge_tail = _run(merge, OUT / "nightly-merge.log")
+    data = {"phase": "nightly-shards", "shard_exit_codes": rcs, "shard_wall_s": walls, "wall_s": round(wall, 1), "merge_exit_code": merge_rc,
+            "merge_tail": merge_tail, "devices": _devices()}
+    full = OUT / "nightly-full" / "report.json"
+    merged = OUT / "nightly-merged" / "report.json"
+    if full.exists() and merged.exists():
+        cmp_rc, _, cmp_tail = _run([*CLI, "compare", str(full), str(merged)], OUT / "nightly-compare.log")
+        a, b = json.loads(full.read_text()), json.loads(merged.read_text())
+        va = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in a["records"]}
+        vb = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in b["records"]}
+        sa = {s["name"]: s["verdict"] for s in a["sections"]}
+        sb = {s["name"]: s["verdict"] for s in b["sections"]}
+        data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
+                    verdicts_equal=va == vb, section_verdicts_equal=sa == sb,
+                    differing=[k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)][:50])
+        fw = json.loads((OUT / "nightly-full.json").read_text())["wall_s"] if (OUT / "nightly-full.json").exists() else None
+        if fw:
+            data["sharded_over_unsharded"] = round(wall / fw, 3)
+        _say(f"nightly-shards: {wall:.0f} s (shards {walls}){f' = {wall / fw:.0%} of the unsharded {fw} s' if fw else ''}; "
+             f"merge exit {merge_rc}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}")
+    else:
+        _say(f"nightly-shards: {wall:.0f} s (shards {walls}); merge exit {merge_rc}; run nightly-full first to compare")
+    return data
+
+
+PHASES = {
+    "ultra": ultra_phase,
+    "gpu": lambda: pytest_phase("gpu", "gpu", None),
+    "gpu-xdist": lambda: pytest_phase("gpu-xdist", "gpu", "auto"),
+    "slow": lambda: pytest_phase("slow", "slow", None),
+    "slow-xdist": lambda: pytest_phase("slow-xdist", "slow", "auto"),
+    "slow-n1": lambda: slow_scaling("slow-n1", "1"),
+    "slow-n2": lambda: slow_scaling("slow-n2", "2"),
+    "nightly-full": nightly_full,
+    "nightly-shards": nightly_shards,
+}
+
+
+def main(argv: list[str]) -> int:
+    unknown = [p for p in argv if p not in PHASES]
+    if not argv or unknown:
+        print(f"usage: gpu_validate.py PHASE [PHASE ...]; phases: {', '.join(PHASES)}" + (f" (unknown: {unknown})" if unknown else ""),
+              file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 2
+    OUT.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    for phase in argv:
+        data = PHASES[phase]()
+        _save(phase, data)
+        bad = data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget",)) or any(data.get("shard_exit_codes", []))
+        rc = rc or (1 if bad else 0)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
