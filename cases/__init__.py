@@ -1,6 +1,8 @@
 """Parity cases: declarative records (``Case``), their data (``make_inputs``), suites and strategies.
 
-* ``case``          -- the frozen ``Case`` record and its stable id (``Case.from_id`` parses it back);
+* ``case``          -- the plain, frozen ``Case`` record and its stable id (``Case.from_id`` parses it back);
+* ``rules``         -- which records are valid cases (``validate``, ``make_case``, ``parse_case``): every
+  validation rule, asking the format registry (``reference.formats``) and the distributions;
 * ``shapes``        -- Nemotron shapes, ragged and empty experts;
 * ``grids``         -- where each format's rounding ties sit (derived from ``reference``);
 * ``distributions`` -- value distributions that find bugs (ties, specials, outliers, ...);
@@ -11,8 +13,9 @@
 """
 
 from .case import AMAX_POLICIES, DTYPES, GRANULARITIES, LAYOUTS, Case
-from .catalogue import SUITES, marks, select, suite
+from .catalogue import SUITES, CatalogueError, marks, select, suite
 from .inputs import DEFAULT_SEED, CaseInputs, case_seed, make_inputs
+from .rules import make_case, parse_case, validate
 
 __all__ = [
     "AMAX_POLICIES",
@@ -23,9 +26,13 @@ __all__ = [
     "SUITES",
     "Case",
     "CaseInputs",
+    "CatalogueError",
     "case_seed",
+    "make_case",
     "make_inputs",
     "marks",
+    "parse_case",
     "select",
     "suite",
+    "validate",
 ]

@@ -13,23 +13,22 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from moe_fq_parity.reference import max_calibrate
 from moe_fq_parity.reference.constants import TINY_AMAX
 
-if TYPE_CHECKING:
-    from .case import Case
+from .case import Case
 
 
-def _calibrated(case: "Case", x: torch.Tensor) -> torch.Tensor:
+def _calibrated(case: Case, x: torch.Tensor) -> torch.Tensor:
     finite = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype))
     return max_calibrate(finite, "per_channel" if case.granularity == "per_channel" else "per_tensor")
 
 
-def _clip(case: "Case", x: torch.Tensor) -> torch.Tensor:
+def _clip(case: Case, x: torch.Tensor) -> torch.Tensor:
     mag = torch.where(torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype)).to(torch.float32)
     rows = mag if case.granularity == "per_channel" else mag.reshape(1, -1)
     if rows.shape[-1] == 0:
@@ -46,7 +45,7 @@ def _tiny_cycle(count: int, start: int) -> torch.Tensor:
     return options[(torch.arange(count) + start) % 4]
 
 
-def expert_amax(case: "Case", i: int, x: torch.Tensor, design: Optional[torch.Tensor]) -> torch.Tensor:
+def expert_amax(case: Case, i: int, x: torch.Tensor, design: Optional[torch.Tensor]) -> torch.Tensor:
     """fp32 amax of expert ``i`` (``()`` per expert, ``[out]`` per channel) under ``case.amax``."""
     rows = x.shape[0] if case.granularity == "per_channel" else 1
     if case.amax == "max":

@@ -8,7 +8,11 @@
 * ``nightly`` -- everything (GPU): ``ci`` plus N in {4..128} sweeps, Nemotron Nano/Super/Ultra routed
   shapes (N from experts / EP), ragged and empty experts at large N, and ``ultra``.
 
-Case order is fixed (catalogue order), so pytest ids and xdist scheduling are stable.
+Case order is fixed (catalogue order), so pytest ids and xdist scheduling are stable.  The suites
+loop over the registered formats (``reference.FORMATS``) and ask the registry and the distributions
+what applies (granularities, options, which distributions a format takes); every case they build
+must then pass ``cases.rules``: a rejection is a bug in the catalogue (a typo), raised as
+``CatalogueError``, never a silently smaller suite.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import fnmatch
 from itertools import product
 from typing import Callable, Iterable
 
-from moe_fq_parity.reference import FORMATS, variants
+from moe_fq_parity.reference import FORMATS, format_spec, variants
 
-from .case import Case
+from .case import GRANULARITIES, Case
+from .distributions import DISTRIBUTIONS
+from .rules import make_case
 from .shapes import NEMOTRON, NEMOTRON_EXPERTS, N_VALUES, ODD_SHAPES, ULTRA_PRODUCTION
 
 SLOW_NUMEL = 1 << 22
@@ -32,16 +38,32 @@ def _default(fmt: str) -> str:
     return variants(fmt)[0]
 
 
+class CatalogueError(AssertionError):
+    """A suite builds a case that ``cases.rules`` rejects: a bug in the catalogue (e.g. a typo)."""
+
+
 def _granularities(fmt: str) -> tuple[str, ...]:
-    return ("per_expert",) if fmt == "nvfp4" else ("per_expert", "per_channel")
+    """The case granularities the format takes, in ``GRANULARITIES`` order."""
+    return tuple(g for g in GRANULARITIES if g in format_spec(fmt).amax_granularities)
 
 
-def _valid(**kw) -> list[Case]:
-    """``[Case(**kw)]`` or ``[]`` when the combination is not a valid case."""
+def _applies(dist: str, fmt: str) -> bool:
+    """Whether the distribution builds data for the format (the one rejection a suite expects); an
+    unknown name goes on to the rules, which reject it loudly."""
+    return dist not in DISTRIBUTIONS or DISTRIBUTIONS[dist].applies_to(fmt)
+
+
+def _taking(option: str) -> list[str]:
+    """The registered formats whose default variant takes ``option``."""
+    return [f for f in FORMATS if option in {o.name for o in format_spec(f).options_for()}]
+
+
+def _entry(**kw) -> list[Case]:
+    """One catalogue entry, ``[make_case(**kw)]``; a case the rules reject raises ``CatalogueError``."""
     try:
-        return [Case(**kw)]
-    except ValueError:
-        return []
+        return [make_case(**kw)]
+    except ValueError as exc:
+        raise CatalogueError(f"the catalogue built an invalid case from {kw}: {exc}") from exc
 
 
 def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
@@ -56,9 +78,9 @@ def smoke() -> tuple[Case, ...]:
     out: list[Case] = []
     for fmt in FORMATS:
         v = _default(fmt)
-        out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
-        out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
-    out += _valid(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
+        out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
+        out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
+    out += _entry(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
     return _unique(out)
 
 
@@ -76,21 +98,25 @@ def ci() -> tuple[Case, ...]:
     for fmt in FORMATS:
         v = _default(fmt)
         for (dist, amax), gran in product(_CI_DISTS, _granularities(fmt)):
-            if gran == "per_channel" and dist not in _CI_PER_CHANNEL:
+            if (gran == "per_channel" and dist not in _CI_PER_CHANNEL) or not _applies(dist, fmt):
                 continue
-            out += _valid(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+            out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
         for layout, (n, shape, empty) in (("list", (8, (33, 47), 1)), ("ragged", (16, (7, 13), 2))):
-            out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
+            out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
         for var in variants(fmt)[1:]:
             for dist, amax in (("ties", "design"), ("neartie", "design"), ("outliers", "max"), ("special", "design")):
-                out += _valid(fmt=fmt, variant=var, granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+                if not _applies(dist, fmt):
+                    continue
+                out += _entry(fmt=fmt, variant=var, granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
         for dtype in ("fp16", "fp32"):
-            out += _valid(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(16, 40), dtype=dtype, dist="ties", amax="design")
-    for fmt in ("int8", "int4"):
+            out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(16, 40), dtype=dtype, dist="ties", amax="design")
+    for fmt in _taking("narrow_range"):
         for opt, dist in product((("narrow_range", True),), ("ties", "edges")):
-            out += _valid(fmt=fmt, variant="cuda", granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax="design", options=(opt,))
-        out += _valid(fmt=fmt, variant="cuda", granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
-    out += _valid(fmt="nvfp4", variant="te", granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax="design", options=(opt,))
+        if fmt in _taking("unsigned"):
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
+    for fmt in _taking("block_size"):
+        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
     return _unique(out)
 
 
@@ -100,9 +126,9 @@ def _nemotron_cases() -> list[Case]:
     for model, shapes in NEMOTRON.items():
         n = NEMOTRON_EXPERTS[model] // ep[model]
         for (_, shape), fmt in product(shapes.items(), FORMATS):
-            out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
         for fmt in FORMATS:
-            out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shapes["fc1"], dist="ties", amax="design")
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shapes["fc1"], dist="ties", amax="design")
     return out
 
 
@@ -111,10 +137,10 @@ def ultra() -> tuple[Case, ...]:
     n, shape = ULTRA_PRODUCTION
     out: list[Case] = []
     for fmt in FORMATS:
-        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
+        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
     n_routed = NEMOTRON_EXPERTS["ultra"] // 32
     for (_, s), fmt in product(NEMOTRON["ultra"].items(), FORMATS):
-        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n_routed, shape=s, dist="outliers")
+        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n_routed, shape=s, dist="outliers")
     return _unique(out)
 
 
@@ -122,11 +148,13 @@ def nightly() -> tuple[Case, ...]:
     """Everything (see the module docstring)."""
     out: list[Case] = list(ci())
     for fmt, n in product(FORMATS, N_VALUES):
-        out += _valid(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=(512, 1024), dist="normal")
+        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=(512, 1024), dist="normal")
     for fmt, var in ((f, v) for f in FORMATS for v in variants(f)):
         for (dist, amax), gran, shape in product(_CI_DISTS, _granularities(fmt), ODD_SHAPES[2:]):
-            out += _valid(fmt=fmt, variant=var, granularity=gran, layout="stacked", n=8, shape=shape, dist=dist, amax=amax)
-        out += _valid(fmt=fmt, variant=var, granularity="per_expert", layout="ragged", n=64, shape=(256, 200), empty=5, dist="outliers")
+            if not _applies(dist, fmt):
+                continue
+            out += _entry(fmt=fmt, variant=var, granularity=gran, layout="stacked", n=8, shape=shape, dist=dist, amax=amax)
+        out += _entry(fmt=fmt, variant=var, granularity="per_expert", layout="ragged", n=64, shape=(256, 200), empty=5, dist="outliers")
     out += _nemotron_cases()
     out += ultra()
     return _unique(out)

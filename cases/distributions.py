@@ -34,17 +34,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-from moe_fq_parity.reference.constants import E2M1_MAX, NVFP4_BLOCK
+from moe_fq_parity.reference.formats import FORMATS, FormatSpec, format_spec
 from moe_fq_parity.reference.rounding import exact_pow2
 
-from .grids import e4m3_midpoints, grid_points, midpoints, scale_numerator
-
-if TYPE_CHECKING:
-    from .case import Case
+from .case import Case
+from .grids import block_scale_midpoints, grid_points, midpoints, scale_numerator
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -62,18 +60,29 @@ class Generated:
 
 @dataclass(frozen=True)
 class Distribution:
-    """A registered distribution: its generator, the formats it applies to, whether it designs amax."""
+    """A registered distribution: its generator, the formats it applies to (``applies``, a
+    predicate on the format's registry spec; ``None``: every format), whether it designs amax and
+    whether it is built for its designed amax only (``design_only``: the tie distributions)."""
 
-    fn: Callable[["Case", torch.Generator, Shapes], Generated]
-    formats: Optional[frozenset[str]] = None
+    fn: Callable[[Case, torch.Generator, Shapes], Generated]
+    applies: Optional[Callable[[FormatSpec], bool]] = None
     designs_amax: bool = False
+    design_only: bool = False
+
+    def applies_to(self, fmt: str) -> bool:
+        """Whether this distribution can build data for the registered format ``fmt``."""
+        return self.applies is None or self.applies(format_spec(fmt))
+
+    def formats(self) -> list[str]:
+        """The registered formats it applies to, sorted."""
+        return sorted(f for f in FORMATS if self.applies_to(f))
 
 
-def _dtype(case: "Case") -> torch.dtype:
+def _dtype(case: Case) -> torch.dtype:
     return TORCH_DTYPES[case.dtype]
 
 
-def _exact(x: torch.Tensor, case: "Case") -> torch.Tensor:
+def _exact(x: torch.Tensor, case: Case) -> torch.Tensor:
     """Round fp32 values to the case dtype and back (what the inputs will hold)."""
     return x.to(_dtype(case)).to(torch.float32)
 
@@ -82,8 +91,13 @@ def _pow2(k: torch.Tensor) -> torch.Tensor:
     return exact_pow2(k.to(torch.int32))
 
 
-def _signs(gen: torch.Generator, shape: tuple[int, ...], case: "Case") -> torch.Tensor:
-    if case.option_dict.get("unsigned"):
+def _nonnegative(case: Case) -> bool:
+    """The case's options make negative input an error (INT ``unsigned``): build magnitudes."""
+    return format_spec(case.fmt).rejects_negative(case.option_dict)
+
+
+def _signs(gen: torch.Generator, shape: tuple[int, ...], case: Case) -> torch.Tensor:
+    if _nonnegative(case):
         return torch.ones(shape)
     return torch.randint(0, 2, shape, generator=gen).to(torch.float32) * 2 - 1
 
@@ -96,7 +110,7 @@ def _neighbours(units: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([u, lo, hi]).to(torch.float32)
 
 
-def _exponent_range(pool: torch.Tensor, top: float, case: "Case", want: tuple[int, int]) -> tuple[int, int]:
+def _exponent_range(pool: torch.Tensor, top: float, case: Case, want: tuple[int, int]) -> tuple[int, int]:
     """Exponents ``k`` keeping ``pool * 2**-k`` normal and ``top * 2**-k`` finite in the case dtype."""
     fi = torch.finfo(_dtype(case))
     smallest = float(pool[pool > 0].min())
@@ -115,28 +129,28 @@ def _nudge(amax: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return torch.where(steps > 0, up, torch.where(steps < 0, down, amax))
 
 
-def _row_exponents(case: "Case", gen: torch.Generator, rows: int, lo: int, hi: int) -> torch.Tensor:
+def _row_exponents(case: Case, gen: torch.Generator, rows: int, lo: int, hi: int) -> torch.Tensor:
     """One exponent per expert (broadcast to rows) or one per row (per channel)."""
     count = rows if case.granularity == "per_channel" else 1
     return torch.randint(lo, hi + 1, (count,), generator=gen).expand(rows).clone()
 
 
-def _row_steps(case: "Case", i: int, rows: int) -> torch.Tensor:
+def _row_steps(case: Case, i: int, rows: int) -> torch.Tensor:
     """Scale nudge per row: cycles -1, 0, +1 over experts (per expert) or rows (per channel)."""
     r = torch.arange(rows) if case.granularity == "per_channel" else torch.zeros(rows, dtype=torch.int64)
     return ((r + i) % 3) - 1
 
 
-def _design(case: "Case", per_row: torch.Tensor) -> torch.Tensor:
+def _design(case: Case, per_row: torch.Tensor) -> torch.Tensor:
     return per_row if case.granularity == "per_channel" else (per_row[0] if per_row.numel() else torch.zeros(()))
 
 
-def _scale_options(case: "Case") -> dict:
+def _scale_options(case: Case) -> dict:
     opts = case.option_dict
     return {"unsigned": bool(opts.get("unsigned")), "narrow_range": bool(opts.get("narrow_range"))}
 
 
-def _ties_elementwise(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _ties_elementwise(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     opts = _scale_options(case)
     pool = torch.cat([_neighbours(midpoints(case.fmt, **opts), _dtype(case)), grid_points(case.fmt, **opts)]).abs()
     c = scale_numerator(case.fmt, unsigned=opts["unsigned"])
@@ -152,14 +166,16 @@ def _ties_elementwise(case: "Case", gen: torch.Generator, shapes: Shapes) -> Gen
     return Generated(values, amax)
 
 
-def _ties_nvfp4(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
-    bs = int(case.option_dict.get("block_size", NVFP4_BLOCK))
-    pool = torch.cat([_neighbours(midpoints("nvfp4"), _dtype(case)), grid_points("nvfp4")]).abs()
-    m8 = e4m3_midpoints()
-    m8 = m8[(m8 >= 2.0**-6) & (m8 <= 400)]
+def _ties_block(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
+    spec = format_spec(case.fmt)
+    bs = int(case.option_dict.get("block_size", spec.block.size))
+    emax, smax = spec.grid.max_value, spec.block.scale_grid.max_value
+    pool = torch.cat([_neighbours(midpoints(case.fmt), _dtype(case)), grid_points(case.fmt)]).abs()
+    m8 = block_scale_midpoints(case.fmt)
+    m8 = m8[(m8 >= 2.0**spec.block.scale_grid.min_normal_exp) & (m8 <= 400)]
     j_lo, j_hi = -6, 6
-    lo, hi = _exponent_range(pool * 2.0**j_lo, E2M1_MAX * 2.0**j_hi * 448, case, (0, 10))
-    c = scale_numerator("nvfp4")
+    lo, hi = _exponent_range(pool * 2.0**j_lo, emax * 2.0**j_hi * smax, case, (0, 10))
+    c = scale_numerator(case.fmt)
     values, amax = [], []
     for i, (o, k) in enumerate(shapes):
         kexp = int(torch.randint(lo, hi + 1, (1,), generator=gen))
@@ -170,9 +186,9 @@ def _ties_nvfp4(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated
         scale = _pow2(j - kexp)[:, col_block] if o else torch.zeros(0, k)
         x = unit * scale
         first = (torch.arange(k) % bs == 0).expand(o, k)
-        x = torch.where(first, E2M1_MAX * scale, x)
+        x = torch.where(first, emax * scale, x)
         tie_blocks = (torch.arange(nb) % 4 == 3)[col_block].expand(o, k)
-        bmax = E2M1_MAX * m8[torch.randint(0, m8.numel(), (o, nb), generator=gen)] * 2.0**-kexp
+        bmax = emax * m8[torch.randint(0, m8.numel(), (o, nb), generator=gen)] * 2.0**-kexp
         bmax = _exact(bmax, case)[:, col_block] if o else torch.zeros(0, k)
         frac = torch.rand((o, k), generator=gen) * 2 - 1
         x = torch.where(tie_blocks, torch.where(first, bmax, frac * bmax), x)
@@ -182,15 +198,15 @@ def _ties_nvfp4(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated
     return Generated(values, amax)
 
 
-def _ties(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
-    return (_ties_nvfp4 if case.fmt == "nvfp4" else _ties_elementwise)(case, gen, shapes)
+def _ties(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
+    return (_ties_elementwise if format_spec(case.fmt).block is None else _ties_block)(case, gen, shapes)
 
 
-def _outties(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _outties(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     opts = _scale_options(case)
     c = scale_numerator(case.fmt, unsigned=opts["unsigned"])
     p_hi = math.floor(math.log2(c))
-    p_lo = 0 if case.fmt.startswith("int") else -6
+    p_lo = format_spec(case.fmt).grid.min_normal_exp
     pool = _pow2(torch.arange(p_lo, p_hi + 1))
     lo, hi = _exponent_range(pool, c * 2, case, (-2, 12))
     values, amax = [], []
@@ -203,11 +219,11 @@ def _outties(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values, amax)
 
 
-def _neartie(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _neartie(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     opts = _scale_options(case)
     c = torch.tensor(scale_numerator(case.fmt, unsigned=opts["unsigned"]))
     mids = midpoints(case.fmt, **opts)
-    mids = mids[mids.abs() >= 1.0] if case.fmt.startswith("int") else mids[mids.abs() >= 2.0]
+    mids = mids[mids.abs() >= (1.0 if format_spec(case.fmt).is_int else 2.0)]
     values, amax = [], []
     for o, k in shapes:
         rows = max(o, 1) if case.granularity == "per_channel" else 1
@@ -223,11 +239,11 @@ def _neartie(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values, amax)
 
 
-def _normal(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _normal(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated([_exact(torch.randn((o, k), generator=gen) * 0.02, case) for o, k in shapes])
 
 
-def _outliers(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _outliers(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     values = []
     for o, k in shapes:
         t = torch.randn((o, k), generator=gen)
@@ -240,7 +256,7 @@ def _outliers(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values)
 
 
-def _spread(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _spread(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     n = len(shapes)
     scales = 10.0 ** torch.linspace(-6, 2, n)[torch.randperm(n, generator=gen)]
     return Generated([_exact(torch.randn((o, k), generator=gen) * float(s), case) for (o, k), s in zip(shapes, scales)])
@@ -256,7 +272,7 @@ def _scatter_per_row(x: torch.Tensor, gen: torch.Generator, specials: torch.Tens
     return x.scatter(1, cols, specials.expand(o, m).clone())
 
 
-def _edges(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _edges(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     dtype = _dtype(case)
     values, amax = [], []
     for o, k in shapes:
@@ -267,7 +283,7 @@ def _edges(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
         prv = torch.nextafter(ad, torch.full_like(ad, -math.inf)).float()
         ring = torch.stack([a, nxt, prv, 2 * a], dim=-1)
         ring = torch.cat([ring, -ring], dim=-1)
-        if case.option_dict.get("unsigned"):
+        if _nonnegative(case):
             ring = ring.abs()
         x = torch.randn((o, k), generator=gen) * (a[:o].unsqueeze(-1) if rows > 1 else a) / 3
         x = _exact(x, case)
@@ -277,28 +293,28 @@ def _edges(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values, amax)
 
 
-def _special_values(case: "Case") -> torch.Tensor:
+def _special_values(case: Case) -> torch.Tensor:
     dtype = _dtype(case)
     fi = torch.finfo(dtype)
     int_dtype = torch.int32 if dtype == torch.float32 else torch.int16
     sub_bits = torch.tensor([1, 2, 3, 0x55, 0x7F if dtype == torch.bfloat16 else 0x3FF], dtype=int_dtype)
     subs = sub_bits.view(dtype).to(torch.float32)
     vals = [torch.tensor([0.0, -0.0, fi.tiny, fi.max]), subs, -subs]
-    if case.fmt != "nvfp4":
+    if not format_spec(case.fmt).rejects_nan:
         vals.append(torch.tensor([math.nan, math.inf, -math.inf]))
     return torch.cat(vals)
 
 
-def _finite_amax(case: "Case", x: torch.Tensor) -> torch.Tensor:
+def _finite_amax(case: Case, x: torch.Tensor) -> torch.Tensor:
     finite = torch.where(torch.isfinite(x), x.abs(), torch.zeros(()))
     if case.granularity == "per_channel":
         return finite.amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[0])
     return finite.max() if x.numel() else torch.zeros(())
 
 
-def _special(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _special(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     specials = _special_values(case)
-    if case.option_dict.get("unsigned"):
+    if _nonnegative(case):
         specials = specials[~(specials < 0) & ~torch.signbit(specials)]
     fi = torch.finfo(_dtype(case))
     values, amax = [], []
@@ -312,7 +328,7 @@ def _special(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values, amax)
 
 
-def _nan(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _nan(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     values = []
     for o, k in shapes:
         x = _exact(torch.randn((o, k), generator=gen) * 0.02, case)
@@ -320,11 +336,11 @@ def _nan(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values)
 
 
-def _zeros(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _zeros(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated([torch.where(torch.rand((o, k), generator=gen) < 0.5, 0.0, -0.0) for o, k in shapes])
 
 
-def _arange(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
+def _arange(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     values = []
     for e, (o, k) in enumerate(shapes):
         r = torch.arange(o).unsqueeze(-1)
@@ -334,40 +350,30 @@ def _arange(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
     return Generated(values)
 
 
-_INT_FP8 = frozenset({"int8", "int4", "fp8_e4m3"})
+def _single_scale(spec: FormatSpec) -> bool:
+    return spec.block is None
+
 
 DISTRIBUTIONS: dict[str, Distribution] = {
     "normal": Distribution(_normal),
     "outliers": Distribution(_outliers),
     "spread": Distribution(_spread),
-    "ties": Distribution(_ties, designs_amax=True),
-    "outties": Distribution(_outties, formats=_INT_FP8, designs_amax=True),
-    "neartie": Distribution(_neartie, formats=_INT_FP8, designs_amax=True),
+    "ties": Distribution(_ties, designs_amax=True, design_only=True),
+    "outties": Distribution(_outties, applies=_single_scale, designs_amax=True, design_only=True),
+    "neartie": Distribution(_neartie, applies=_single_scale, designs_amax=True, design_only=True),
     "edges": Distribution(_edges, designs_amax=True),
     "special": Distribution(_special, designs_amax=True),
-    "nan": Distribution(_nan, formats=frozenset({"nvfp4"})),
+    "nan": Distribution(_nan, applies=lambda spec: spec.rejects_nan),
     "zeros": Distribution(_zeros),
     "arange": Distribution(_arange),
 }
+"""``outties``/``neartie`` need one encode scale per expert/row (no block scales: INT, FP8);
+``nan`` is for formats that reject NaN input (NVFP4), where the check is that it is rejected."""
 
 
-def supports(case: "Case") -> Optional[str]:
-    """``None`` when ``case.dist`` applies to the case, else why not."""
-    d = DISTRIBUTIONS[case.dist]
-    if d.formats is not None and case.fmt not in d.formats:
-        return f"dist={case.dist!r} applies to {sorted(d.formats)} only"
-    if case.amax == "design" and not d.designs_amax:
-        return f"amax='design' needs a distribution that designs amax, not {case.dist!r}"
-    if d.designs_amax and case.dist in ("ties", "outties", "neartie") and case.amax != "design":
-        return f"dist={case.dist!r} is built for its designed amax: use amax='design'"
-    if case.fmt == "nvfp4" and case.dist == "ties" and case.granularity != "per_expert":
-        return "nvfp4 ties are per expert"
-    return None
-
-
-def generate(case: "Case", gen: torch.Generator, shapes: Shapes) -> Generated:
-    """Run ``case.dist``; unsigned INT cases get magnitudes (the spec rejects negative input)."""
+def generate(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
+    """Run ``case.dist``; cases whose options reject negative input (INT ``unsigned``) get magnitudes."""
     out = DISTRIBUTIONS[case.dist].fn(case, gen, shapes)
-    if case.option_dict.get("unsigned"):
+    if _nonnegative(case):
         out = Generated([torch.where(v < 0, -v, v) for v in out.values], out.design_amax)
     return out

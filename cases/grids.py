@@ -12,38 +12,30 @@ from functools import lru_cache
 
 import torch
 
-from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_GLOBAL_SCALE_NUM, int_bounds
-from moe_fq_parity.reference.rounding import round_to_e2m1, round_to_e4m3
-
-_INT_BITS = {"int8": 8, "int4": 4}
+from moe_fq_parity.reference.formats import IntGrid, MinifloatGrid, format_spec
 
 
 def scale_numerator(fmt: str, *, unsigned: bool = False) -> float:
-    """``c`` with encode scale ``s = RN(c / amax)``: INT qmax, FP8 448, NVFP4 448*6 (global scale)."""
-    if fmt in _INT_BITS:
-        return int_bounds(_INT_BITS[fmt], unsigned=unsigned, narrow_range=False)[1]
-    if fmt == "fp8_e4m3":
-        return E4M3_MAX
-    if fmt == "nvfp4":
-        return NVFP4_GLOBAL_SCALE_NUM
-    raise ValueError(f"unknown format {fmt!r}")
+    """``c`` with encode scale ``s = RN(c / amax)`` (``FormatSpec.scale_numerator``): INT qmax, FP8 448,
+    NVFP4 448*6 (global scale)."""
+    return format_spec(fmt).scale_numerator(unsigned=unsigned)
 
 
 @lru_cache(maxsize=None)
-def _minifloat_points(kind: str) -> tuple[float, ...]:
-    """Non-negative values of E4M3 / E2M1, found by rounding every finite positive bf16 value."""
+def _minifloat_points(grid: MinifloatGrid) -> tuple[float, ...]:
+    """Non-negative values of a minifloat grid, found by rounding every finite positive bf16 value."""
     bits = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16)
     allbf = bits.view(torch.bfloat16).to(torch.float32)
-    rounded = (round_to_e4m3 if kind == "e4m3" else round_to_e2m1)(allbf)
-    return tuple(torch.unique(rounded).tolist())
+    return tuple(torch.unique(grid.round(allbf)).tolist())
 
 
 def grid_points(fmt: str, *, unsigned: bool = False, narrow_range: bool = False) -> torch.Tensor:
     """Sorted signed fp32 values of the element grid in scaled units (INT integers, FP8/FP4 codes)."""
-    if fmt in _INT_BITS:
-        lo, qmax = int_bounds(_INT_BITS[fmt], unsigned=unsigned, narrow_range=narrow_range)
+    grid = format_spec(fmt).grid
+    if isinstance(grid, IntGrid):
+        lo, qmax = grid.bounds(unsigned=unsigned, narrow_range=narrow_range)
         return torch.arange(lo, qmax + 1, dtype=torch.float32)
-    pos = torch.tensor(_minifloat_points("e4m3" if fmt == "fp8_e4m3" else "e2m1"), dtype=torch.float32)
+    pos = torch.tensor(_minifloat_points(grid), dtype=torch.float32)
     return torch.cat([-pos.flip(0)[:-1], pos])
 
 
@@ -53,7 +45,11 @@ def midpoints(fmt: str, *, unsigned: bool = False, narrow_range: bool = False) -
     return (g[1:] + g[:-1]) * 0.5
 
 
-def e4m3_midpoints() -> torch.Tensor:
-    """Positive E4M3 midpoints: the ties of the NVFP4 block-scale rounding step."""
-    m = midpoints("fp8_e4m3")
-    return m[m > 0]
+def block_scale_midpoints(fmt: str) -> torch.Tensor:
+    """Positive midpoints of a block format's block-scale grid (NVFP4: E4M3): the ties of its
+    block-scale rounding step."""
+    block = format_spec(fmt).block
+    if block is None:
+        raise ValueError(f"{fmt} has no block scales")
+    pos = torch.tensor(_minifloat_points(block.scale_grid), dtype=torch.float32)
+    return (pos[1:] + pos[:-1]) * 0.5

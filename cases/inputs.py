@@ -21,7 +21,7 @@ import torch
 from .amax import expert_amax
 from .case import Case
 from .distributions import TORCH_DTYPES, generate
-from .shapes import expert_shapes
+from .rules import validate
 
 DEVICE_GENERATION_MIN = 1 << 26
 """Cases this large (elements) built for CUDA are generated on the device (see the module docstring)."""
@@ -65,13 +65,15 @@ class CaseInputs:
 
 
 def make_inputs(case: Case, global_seed: int = DEFAULT_SEED, device: str | torch.device = "cpu") -> CaseInputs:
-    """Build the tensors of ``case`` (see the module docstring)."""
+    """Build the tensors of ``case`` (see the module docstring); ``ValueError`` if ``cases.rules``
+    rejects the case."""
+    validate(case)
     seed = case_seed(case, global_seed)
     dev = torch.device(device)
     where = dev if dev.type == "cuda" and case.numel >= DEVICE_GENERATION_MIN else torch.device("cpu")
     gen = torch.Generator(device=where).manual_seed(seed)
     dtype = TORCH_DTYPES[case.dtype]
-    shapes = expert_shapes(case)
+    shapes = case.expert_shapes
     with torch.device(where):  # factory functions in the distributions follow the generator's device
         gen_out = generate(case, gen, shapes)
         design = gen_out.design_amax or [None] * len(shapes)

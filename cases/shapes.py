@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .case import Case
-
 NEMOTRON: dict[str, dict[str, tuple[int, int]]] = {
     "nano": {"fc1": (1856, 2688), "fc2": (2688, 1856)},
     "super": {"fc1": (2688, 1024), "fc2": (1024, 2688)},
@@ -31,17 +26,18 @@ def empty_experts(n: int, empty: int) -> frozenset[int]:
     return frozenset((2 * k + 1) * n // (2 * empty) for k in range(empty)) if empty else frozenset()
 
 
-def expert_shapes(case: "Case") -> list[tuple[int, int]]:
-    """``(out_i, in_i)`` of every expert of ``case``.
+def expert_shapes(layout: str, n: int, shape: tuple[int, int], empty: int) -> list[tuple[int, int]]:
+    """``(out_i, in_i)`` of the ``n`` experts of a case with ``layout``, largest ``shape`` and ``empty``
+    empty experts (``Case.expert_shapes``).
 
     ``ragged``: rows cycle through 1/4..4/4 of ``out`` (rounded up) and columns lose 0, 5 or 10
     (never below 1), so the last NVFP4 block of a row is often short.  Empty experts have 0 rows.
     """
-    out, inn = case.shape
-    empties = empty_experts(case.n, case.empty)
+    out, inn = shape
+    empties = empty_experts(n, empty)
     shapes = []
-    for i in range(case.n):
-        if case.layout == "ragged":
+    for i in range(n):
+        if layout == "ragged":
             o, k = max(1, -(-out * (i % 4 + 1) // 4)), max(1, inn - 5 * (i % 3))
         else:
             o, k = out, inn

@@ -18,10 +18,11 @@ from typing import Iterable, Optional, Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from moe_fq_parity.reference import FORMATS, variants
+from moe_fq_parity.reference import FORMATS, format_spec, variants
 
 from .case import AMAX_POLICIES, DTYPES, GRANULARITIES, LAYOUTS, Case
 from .distributions import DISTRIBUTIONS
+from .rules import make_case
 
 
 def _subset(name: str, given: Iterable[str], known: Sequence[str]) -> tuple[str, ...]:
@@ -43,17 +44,18 @@ def _positive(name: str, value: int, minimum: int = 1) -> int:
 @st.composite
 def _draw_case(draw, *, formats, all_variants, granularities, layouts, dists, amax_policies, dtypes, max_n, max_rows, max_cols, max_seed, options) -> Case:
     fmt = draw(st.sampled_from(formats))
+    spec = format_spec(fmt)
     variant = draw(st.sampled_from(variants(fmt) if all_variants else variants(fmt)[:1]))
-    gran_ok = [g for g in granularities if not (fmt == "nvfp4" and g != "per_expert")]
+    gran_ok = [g for g in granularities if g in spec.amax_granularities]
     gran = draw(st.sampled_from(gran_ok or ["per_expert"]))
     layout_ok = [lay for lay in layouts if not (gran == "per_channel" and lay == "ragged")]
     layout = draw(st.sampled_from(layout_ok or ["stacked"]))
     n = draw(st.integers(1, max_n))
     shape = (draw(st.integers(1, max_rows)), draw(st.integers(1, max_cols)))
-    dist_ok = [d for d in dists if DISTRIBUTIONS[d].formats is None or fmt in DISTRIBUTIONS[d].formats]
+    dist_ok = [d for d in dists if DISTRIBUTIONS[d].applies_to(fmt)]
     dist = draw(st.sampled_from(dist_ok or ["normal"]))
     designed = DISTRIBUTIONS[dist].designs_amax
-    if dist in ("ties", "outties", "neartie"):
+    if DISTRIBUTIONS[dist].design_only:
         amax_ok = ["design"]
     else:
         amax_ok = [a for a in amax_policies if a != "design" or designed] or ["max"]
@@ -62,14 +64,14 @@ def _draw_case(draw, *, formats, all_variants, granularities, layouts, dists, am
     if layout != "stacked" and gran == "per_expert" and n > 1:
         empty = draw(st.integers(0, n - 1))
     opts: list[tuple[str, object]] = []
-    if options and fmt.startswith("int"):
-        if draw(st.booleans()):
-            opts.append(("narrow_range", True))
-        if draw(st.booleans()):
-            opts.append(("unsigned", True))
-    if options and fmt == "nvfp4" and draw(st.booleans()):
-        opts.append(("block_size", draw(st.sampled_from([8, 32]))))
-    return Case(
+    for opt in spec.options_for(variant) if options else ():
+        if opt.code is None:
+            continue  # not a case option (e.g. a tensor)
+        if opt.type is bool and draw(st.booleans()):
+            opts.append((opt.name, True))
+        elif opt.fuzz_values and draw(st.booleans()):
+            opts.append((opt.name, draw(st.sampled_from(opt.fuzz_values))))
+    return make_case(
         fmt=fmt, variant=variant, granularity=gran, layout=layout, n=n, shape=shape, dist=dist, amax=amax,
         dtype=draw(st.sampled_from(dtypes)), empty=empty, seed=draw(st.integers(0, max_seed)),
         options=tuple(sorted(opts, key=lambda kv: kv[0])),
@@ -100,7 +102,8 @@ def cases(
       Distributions built for a designed amax (``ties``, ``outties``) always use ``design``.
     * ``max_n``, ``max_rows``, ``max_cols``: upper bounds of N and of the per-expert shape (>= 1).
     * ``max_seed``: upper bound of the case seed index (>= 0).
-    * ``options``: also draw backend options (``narrow_range``, ``unsigned``, ``block_size``).
+    * ``options``: also draw the format's case options (registry ``Option``s with a code: bools,
+      and ints from their ``fuzz_values``: ``narrow_range``, ``unsigned``, ``block_size``).
     """
     if not isinstance(all_variants, bool):
         raise InvalidArgument(f"all_variants must be a bool, got {all_variants!r}")

@@ -238,12 +238,19 @@ class FormatSpec:
 
     # amax and scales
 
+    def granularity_problem(self, granularity: str) -> Optional[str]:
+        """``None`` when the format takes an amax of ``granularity``, else why not."""
+        if granularity in self.amax_granularities:
+            return None
+        took = " or ".join(g.replace("_", "-") for g in GRANULARITIES if g in self.amax_granularities)
+        glob = " global" if self.block is not None else ""
+        return f"{self.name} takes a {took}{glob} amax, not a {granularity.replace('_', '-')} one"
+
     def check_granularity(self, granularity: str) -> None:
         """Raise ``ValueError`` unless the format takes an amax of ``granularity``."""
-        if granularity not in self.amax_granularities:
-            took = " or ".join(g.replace("_", "-") for g in GRANULARITIES if g in self.amax_granularities)
-            glob = " global" if self.block is not None else ""
-            raise ValueError(f"{self.name} takes a {took}{glob} amax, not a {granularity.replace('_', '-')} one")
+        why = self.granularity_problem(granularity)
+        if why:
+            raise ValueError(why)
 
     def scale_numerator(self, *, unsigned: bool = False) -> float:
         """``c`` with encode scale ``s = RN(c / amax)``: INT qmax, FP8 448, NVFP4 448*6 (global scale)."""

@@ -8,7 +8,7 @@ import shlex
 def repro_command(case_id: str, backend_spec: str, check: str, seed: int, mode: str = "strict") -> str:
     """``moe-fq-parity run --case ID --backend B --checks C --seed S [--mode M] --out parity-repro``.
 
-    ``--case`` parses the id back into the case (``cases.Case.from_id``), so fuzz-generated cases that
+    ``--case`` parses the id back into the case (``cases.parse_case``), so fuzz-generated cases that
     are in no suite rerun too.
     """
     parts = ["moe-fq-parity", "run", "--case", case_id, "--backend", backend_spec, "--checks", check, "--seed", str(seed)]

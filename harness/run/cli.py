@@ -77,11 +77,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _select_cases(args) -> tuple:
-    from moe_fq_parity.cases import Case, select, suite
+    from moe_fq_parity.cases import parse_case, select, suite
 
     if args.case:
         try:
-            picked = tuple(Case.from_id(cid) for cid in args.case)
+            picked = tuple(parse_case(cid) for cid in args.case)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}")
         return select(picked, patterns=args.cases, formats=args.formats)

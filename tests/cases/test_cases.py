@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
 from moe_fq_parity import reference
-from moe_fq_parity.cases import Case, case_seed, make_inputs, marks, select, suite
+from moe_fq_parity.cases import Case, case_seed, make_case, make_inputs, marks, parse_case, select, suite
 from moe_fq_parity.cases.shapes import NEMOTRON
 from moe_fq_parity.cases.strategies import cases as case_strategy
 from moe_fq_parity.harness.core.ulp import near_tie
@@ -19,7 +19,7 @@ from moe_fq_parity.harness.core.ulp import near_tie
 
 def _case(**kw) -> Case:
     base = dict(fmt="int8", variant="cuda", granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="normal")
-    return Case(**(base | kw))
+    return make_case(**(base | kw))
 
 
 def test_id_is_readable_and_stable():

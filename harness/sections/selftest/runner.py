@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from moe_fq_parity import reference
-from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, suite as suite_cases
+from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, parse_case, suite as suite_cases
 from moe_fq_parity.harness.backends import LoadedBackend, load
 from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
 from moe_fq_parity.harness.core.records import CheckRecord
@@ -123,9 +123,7 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
     """Run the mutants (all, or those named) and the controls over ``suite``'s cases."""
     cases = suite_cases(suite)
     if case_ids:
-        from moe_fq_parity.cases import Case as _Case
-
-        cases = tuple(_Case.from_id(c) for c in case_ids)
+        cases = tuple(parse_case(c) for c in case_ids)
     chosen = build_mutants()
     if mutants is not None:
         names = set(mutants)
