@@ -34,10 +34,11 @@ def ste_data(fmt: str, seed: int, *, per_channel: bool) -> tuple[list[torch.Tens
         a16 = a.to(torch.bfloat16)
         w[:, 0] = a16 if per_channel else a16.expand(w.shape[0])
         w[:, 1] = -w[:, 0]
-    if fmt != "nvfp4":
+    spec = reference.format_spec(fmt)
+    if not spec.rejects_nan:
         for w in ws:
             w[1, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0], dtype=torch.bfloat16)
-    else:  # NVFP4 takes a global amax >= max|w|: nothing clips, everything passes
+    if spec.block is not None:  # NVFP4 takes a global amax >= max|w|: nothing clips, everything passes
         amax = torch.stack([w.to(torch.float32).abs().amax() for w in ws])
     grads = [torch.randn(STE_SHAPE, generator=gen).to(torch.bfloat16) for _ in ws]
     return ws, amax, grads
@@ -47,7 +48,7 @@ def ste_rows(backend: object, fmt: str, seed: int, prefix: str) -> list[SectionR
     """One row per (granularity, mode): bit-equal gradients or a failure with counts."""
     rows = []
     dev = backend_device(backend)
-    for per_channel in ((False, True) if fmt != "nvfp4" else (False,)):
+    for per_channel in ((False, True) if "per_channel" in reference.format_spec(fmt).amax_granularities else (False,)):
         ws, amax, grads = ste_data(fmt, seed, per_channel=per_channel)
         gran = "per_channel" if per_channel else "per_expert"
         for mode in reference.STE_MODES:

@@ -27,6 +27,7 @@ import torch
 
 from moe_fq_parity.cases.grids import grid_points, midpoints, scale_numerator
 from moe_fq_parity.reference.constants import TINY_AMAX
+from moe_fq_parity.reference.formats import format_spec
 
 BF16_PATTERNS = 1 << 16
 ULP_OFFSETS = (-2, -1, 0, 1, 2)
@@ -90,8 +91,8 @@ def near_ties(fmt: str, count: int, *, seed: int) -> NearTies:
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     gen = generator(seed, f"near_ties/{fmt}")
-    if fmt not in ("int8", "int4", "fp8_e4m3"):
-        raise ValueError(f"near-tie construction covers INT and FP8, not {fmt!r}")
+    if format_spec(fmt).block is not None:
+        raise ValueError(f"near-tie construction covers single-scale formats (INT, FP8), not {fmt!r}")
     num = scale_numerator(fmt)
     grid = grid_points(fmt)
     grid = grid[grid > 0]

@@ -54,7 +54,7 @@ COLUMNS = ["backend", "format", "options", "expected", "matched", "mismatches", 
 
 
 def _options(fmt: str) -> list[dict[str, Any]]:
-    return [{}, {"narrow_range": True}] if fmt in ("int8", "int4") else [{}]
+    return [{}, {"narrow_range": True}] if reference.format_spec(fmt).option("narrow_range") else [{}]
 
 
 def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:

@@ -250,7 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not fok:
             print(f"{getattr(backend, 'name', args.backend)} {fmt}: not run here: {fwhy}")
             continue
-        opts = {"narrow_range": True} if args.narrow_range and fmt in ("int8", "int4") else {}
+        opts = {"narrow_range": True} if args.narrow_range and reference.format_spec(fmt).option("narrow_range") else {}
         m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
         print("\n".join(summary_lines(m, offenders=args.show)))
         results.append(m.to_json())
