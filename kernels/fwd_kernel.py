@@ -10,7 +10,9 @@ tiles of its expert.
 Every format's output has the sign of its input (the scales are positive and every rounding step
 keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is
 OR-ed into the output bits; the exceptions are per-expert constants: INT with amax < 2**-24 writes
-+0 for every element (its sign mask and NaN pattern are 0) and NaN input writes the canonical NaN.
++0 for every element (an explicit select of the magnitude, sign mask and NaN pattern, so compiled
+and interpreted kernels agree whatever their dequantization path) and NaN input writes the
+canonical NaN.
 
 Check flags (``CHECK``): ``flag[0]`` <- 1 if unsigned INT sees a negative input; ``flag[1]`` <- 1
 if NVFP4 sees a NaN input.  The host raises ``ValueError`` for them (and for bad amax values, which
@@ -59,13 +61,15 @@ def _flag_if(flag_ptr, slot, bad):
 @triton.jit
 def _int_scales(a, QMAX: tl.constexpr, INT_DIV: tl.constexpr):
     """INT "cuda" scales: ``s = RN(qmax/amax)``, ``s2 = 256 s``, ``r2 = RN(1/s2)``; ``zero`` where
-    amax < 2**-24 (the output is +0: ``r2 = 0`` makes every dequantized magnitude 0)."""
+    amax < 2**-24.  There the scales are those of amax = 1 (finite, normal) and the caller selects
+    +0 explicitly: no arithmetic identity (``r2 = 0``, ``0 * x``) carries the zero, because the
+    fp64 dequantization path (interpreters whose ``tl.fma`` rounds twice) never reads ``r2``."""
     zero = a < _TINY
     a1 = tl.where(zero, 1.0, a)
     s = div_rn_normal(tl.zeros_like(a1) + QMAX, a1, INT_DIV)  # a1 in [2**-24, FP32_MAX]: s normal
     s2 = s * 256.0
     r2 = div_rn_normal(tl.zeros_like(s2) + 1.0, s2, INT_DIV)
-    return s, s2, tl.where(zero, 0.0, r2), zero
+    return s, s2, r2, zero
 
 
 @triton.jit
@@ -201,7 +205,7 @@ def fake_quant_fwd_kernel(
                         if PER_CHANNEL:
                             a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
                             s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
-                        y = _int_magnitude(x, s, s2, r2, LO, QMAX, EXACT_FMA)
+                        y = tl.where(zero, 0.0, _int_magnitude(x, s, s2, r2, LO, QMAX, EXACT_FMA))
                         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
                         nanb = tl.where(zero, tl.zeros_like(nan_all), nan_all)
                         out = f32_to_bits(y, bits & smask, x != x, nanb, IO)

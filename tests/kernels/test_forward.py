@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from moe_fq_parity import kernels
+from moe_fq_parity.kernels import env as kernel_env
 from moe_fq_parity import reference
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
@@ -105,6 +106,20 @@ def test_every_bf16_pattern(fmt: str, device: str) -> None:
     got = kernels.fake_quant(xs, amax.to(device), fmt)
     want = reference.fake_quant(xs, amax.to(device), fmt)
     assert_same_bits([got], [want], [xs], case=f"{fmt}/all_bf16")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_int_fp64_dequant_path_on_zero_and_tiny_amax(fmt: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The INT dequantization taken where ``tl.fma`` rounds twice (Triton's interpreter before 3.7:
+    an fp64 quotient that never reads ``RN(1/s2)``) gives the reference bits too, amax = 0 and
+    amax < 2**-24 (output +0) included.  Forced here on any back end."""
+    monkeypatch.setattr(kernel_env, "exact_fma", lambda device_type: False)
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
+    amax = torch.tensor([0.0, 2.0**-25, 2.0**-24, 1.0, 127.0, 3.0e38], dtype=torch.float32)
+    xs = x.expand(len(amax), 64, 1024).contiguous().to(device)
+    got = kernels.fake_quant(xs, amax.to(device), fmt)
+    want = reference.fake_quant(xs, amax.to(device), fmt)
+    assert_same_bits([got], [want], [xs], case=f"{fmt}/fp64_dequant_path")
 
 
 def test_nvfp4_short_blocks_and_narrow_rows(gen: torch.Generator, device: str) -> None:
