@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -329,6 +328,8 @@ def print_table(results: list[CaseResult], copy_gbps: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from moe_fq_parity.reports.schema import dumps  # strict JSON: non-finite floats as strings
+
     ap = argparse.ArgumentParser(description="grouped fake-quant kernel benchmark (one GPU)")
     ap.add_argument("--out", type=Path, required=True, help="directory for bench.json")
     ap.add_argument("--quick", action="store_true", help="Ultra fc1 at N in {4, 32, 128} plus the production case")
@@ -359,11 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(bench_case(name, n, shape, copy_gbps, args, configs))
         print(table_row(results[-1]) + f"  ({time.time() - t0:.0f}s)", flush=True)
         report["cases"] = [asdict(r) for r in results]
-        (args.out / "bench.json").write_text(json.dumps(report, indent=1))  # partial results survive a timeout
+        (args.out / "bench.json").write_text(dumps(report))  # partial results survive a timeout
         torch.cuda.empty_cache()
     report["peak_memory_production"] = None if args.no_cases else peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
     report["seconds"] = time.time() - t0
-    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench.json").write_text(dumps(report))
     print_table(results, copy_gbps)
     print(f"peak extra memory at {PRODUCTION[0]}: {report['peak_memory_production']}  (outputs {PRODUCTION[1]}x{PRODUCTION[2]} bf16)")
     print(f"total {report['seconds']:.0f}s")

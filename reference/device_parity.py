@@ -8,7 +8,6 @@ and over seeded random stacked weights (per expert and per channel, fp16/fp32 to
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -85,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['format']:10} {r['variant']:16} {r['elements']:>10} {r['output_bits_differ']:>10} {r['pre_round_differ']:>10}  {r['first_failing_input']}")
     if args.json:
+        from moe_fq_parity.reports.schema import dumps  # strict JSON (non-finite floats as strings)
+
         with open(args.json, "w") as f:
-            json.dump({"device": args.device, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            f.write(dumps({"device": args.device, "torch": torch.__version__, "rows": rows}))
     return 0 if all(r["output_bits_differ"] == 0 and r["pre_round_differ"] == 0 for r in rows) else 1
 
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import jinja2
 
-from moe_fq_parity.harness.core.records import CHECKS
-
-from .plots import bandwidth_vs_n_png, hist_labels, ulp_histogram_png
+from .plots import bandwidth_vs_n_png, ulp_histogram_png
+from .schema import CHECKS, hist_labels, overall_verdict
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 MAX_HISTOGRAMS = 40
@@ -73,15 +72,6 @@ def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], st
 def _bandwidth(records: list[dict[str, Any]], copy_gbps: float | None) -> str | None:
     pts = [(r["backend"], r["fmt"], r["n"], r["perf"]["gbps"]) for r in records if r["check"] == "perf" and r.get("perf")]
     return bandwidth_vs_n_png(pts, copy_gbps)
-
-
-def overall_verdict(report: dict[str, Any]) -> str:
-    """``fail`` when any record or section failed or a baseline regression exists, else ``pass``."""
-    if any(r["verdict"] == "fail" for r in report["records"]) or any(s["verdict"] == "fail" for s in report["sections"]):
-        return "fail"
-    if report.get("baseline") and report["baseline"]["regressions"]:
-        return "fail"
-    return "pass" if any(r["verdict"] == "pass" for r in report["records"]) else "skip"
 
 
 def _memory_note(r: dict[str, Any]) -> str:

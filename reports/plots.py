@@ -11,15 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from moe_fq_parity.harness.core.ulp import HIST_EDGES  # noqa: E402
-
-
-def hist_labels() -> list[str]:
-    """Bucket labels of ``harness.ulp.HIST_EDGES``: ``0``, ``1``, ``2-3``, ..., ``>=128``."""
-    labels = []
-    for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:] + (None,)):
-        labels.append(f">={lo}" if hi is None else (str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}"))
-    return labels
+from .schema import hist_labels  # noqa: E402
 
 
 def _png(fig) -> str:

@@ -1,4 +1,13 @@
-"""The report's JSON schema: version, validation, JSON-safe encoding, loading."""
+"""The report's vocabulary and JSON schema: check names, verdicts, ULP histogram edges, the overall
+verdict, strict JSON encoding, validation, loading.
+
+This module is the one place the harness (which produces reports) and ``reports`` (which renders,
+merges and reads them) share: both import it, and nothing in ``reports`` imports the harness.
+
+Strict JSON: every JSON file the project writes parses with a strict parser (``jq``, JavaScript,
+``json.loads(s, parse_constant=<raise>)``).  Non-finite floats are written as the strings ``"nan"``,
+``"inf"`` and ``"-inf"`` (``json_safe``); ``dumps`` refuses anything else that is not JSON.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +17,39 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 """1.1: check "invariant.recalibrate".  1.2: record ``outcome`` (``checked``/``oom``), ``peak_bytes``,
 ``case_bytes``; ``meta.shard`` (a shard of a sharded run) and ``meta.merged`` (a merged report).
-Reports of 1.0 and 1.1 still load (every 1.2 field is optional)."""
+1.3: strict JSON -- a non-finite float anywhere in the report is the string ``"nan"``, ``"inf"`` or
+``"-inf"`` (never a bare ``NaN``/``Infinity`` token).  Reports of 1.0-1.2 still load (every later
+field is optional; bare non-finite tokens in old files are read as floats)."""
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.schema.json"
+
+VERDICTS = ("pass", "fail", "skip")
+"""Verdict of a record, a section row, a section and a report."""
+CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
+"""Check names, in report order."""
+HIST_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+"""ULP histogram buckets: [0], [1], [2,4), [4,8), ..., [64,128), [128, inf) (finite pairs only);
+a record's ``histogram`` has one count per edge."""
+
+
+def hist_labels() -> list[str]:
+    """Bucket labels of ``HIST_EDGES``: ``0``, ``1``, ``2-3``, ..., ``>=128``."""
+    labels = []
+    for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:] + (None,)):
+        labels.append(f">={lo}" if hi is None else (str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}"))
+    return labels
+
+
+def overall_verdict(report: dict[str, Any]) -> str:
+    """``fail`` when any record or section failed or a baseline regression exists; else ``pass`` when
+    some record passed, ``skip`` when nothing was checked.  The run's exit status follows it."""
+    if any(r["verdict"] == "fail" for r in report["records"]) or any(s["verdict"] == "fail" for s in report["sections"]):
+        return "fail"
+    if report.get("baseline") and report["baseline"]["regressions"]:
+        return "fail"
+    return "pass" if any(r["verdict"] == "pass" for r in report["records"]) else "skip"
 
 
 @lru_cache(maxsize=1)
@@ -29,6 +66,21 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def dumps(obj: Any, *, indent: int | None = 1) -> str:
+    """Strict JSON text of ``obj``: non-finite floats become strings (``json_safe``), and anything
+    else that JSON cannot hold raises (``allow_nan=False``, no ``default=``)."""
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"not strict JSON: bare {token} token")
+
+
+def loads_strict(text: str) -> Any:
+    """Parse ``text`` as strict JSON: a bare ``NaN``/``Infinity``/``-Infinity`` token raises ``ValueError``."""
+    return json.loads(text, parse_constant=_reject_constant)
 
 
 def validate(report: dict[str, Any]) -> None:

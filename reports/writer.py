@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from .schema import SCHEMA_VERSION, json_safe
+from .schema import SCHEMA_VERSION, dumps
 
 
 def now_iso() -> str:
@@ -51,7 +51,7 @@ def write_report(out_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Pat
 
     out = Path(out_dir)
     json_path, html_path = out / "report.json", out / "report.html"
-    atomic_write_text(json_path, json.dumps(json_safe(report), indent=1, allow_nan=False))
+    atomic_write_text(json_path, dumps(report))
     atomic_write_text(html_path, render_html(json.loads(json_path.read_text())))
     return json_path, html_path
 
@@ -80,7 +80,7 @@ class ReportWriter:
         self.report["baseline"] = baseline
 
     def write_json(self) -> None:
-        atomic_write_text(self.json_path, json.dumps(json_safe(self.report), indent=1, allow_nan=False))
+        atomic_write_text(self.json_path, dumps(self.report))
         self._last = time.monotonic()
 
     def finish(self, *, complete: bool, error: Optional[str] = None, html: bool = True) -> None:

@@ -52,8 +52,10 @@ def _say(text: str) -> None:
 
 
 def _save(phase: str, data: dict) -> None:
+    from moe_fq_parity.reports.schema import dumps  # strict JSON: non-finite floats as strings
+
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{phase}.json").write_text(json.dumps(data, indent=1))
+    (OUT / f"{phase}.json").write_text(dumps(data))
     _say(f"-> {OUT / (phase + '.json')}")
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-VERDICTS = ("pass", "fail", "skip")
+from moe_fq_parity.reports.schema import CHECKS, VERDICTS
+
 OUTCOMES = ("checked", "oom")
 """How a check ended: ``checked`` (it ran to its verdict) or ``oom`` (it ran out of memory: no parity
 verdict exists; the record's verdict is ``fail`` so every gate fails the run, and ``message`` names
 the case, its bytes and the memory free)."""
-CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
-"""Check names, in report order."""
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ import torch
 
 from .tolerances import MAX_ULP, TIE_WINDOW_FP32_ULPS
 
+from moe_fq_parity.reports.schema import HIST_EDGES
+
 CLASSES = ("exact", "ulp1", "tie_flip", "error")
-HIST_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
-"""ULP histogram buckets: [0], [1], [2,4), [4,8), ..., [64,128), [128, inf) (finite pairs only)."""
 
 _INT_VIEW = {torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)), torch.float32: (torch.int32, -(2**31))}
 

@@ -172,7 +172,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_merge(args) -> int:
-    from moe_fq_parity.reports.html import overall_verdict
+    from moe_fq_parity.reports.schema import overall_verdict
     from moe_fq_parity.reports.merge import MergeError, merge_reports
     from moe_fq_parity.reports.schema import load, validate
     from moe_fq_parity.reports.writer import write_report
@@ -222,7 +222,7 @@ def console_main() -> None:
 
 
 def _cmd_selftest(args) -> int:
-    import json
+    from moe_fq_parity.reports.schema import dumps
 
     from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
     from moe_fq_parity.harness.sections.selftest.runner import run_selftest
@@ -237,6 +237,6 @@ def _cmd_selftest(args) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(to_json(result), indent=1))
+        tmp.write_text(dumps(to_json(result)))
         tmp.replace(args.json)
     return 0 if result.ok else 1

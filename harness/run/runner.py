@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import torch
 
 from moe_fq_parity.cases import Case, make_inputs
-from moe_fq_parity.reports.html import overall_verdict
+from moe_fq_parity.reports.schema import overall_verdict
 from moe_fq_parity.reports.writer import ReportWriter, now_iso
 
 from moe_fq_parity.harness.backends import LoadedBackend

@@ -8,9 +8,10 @@ rows; exit status 1 when any row fails.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
+
+from moe_fq_parity.reports.schema import dumps
 
 from .layout import matrix_layouts, parse_layout
 from .matrix import DistPlan, run_plan
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{v.verdict:4}  {v.id}" + (f"  {v.message[:200]}" if v.verdict != "pass" else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([v.to_json() for v in verdicts], f, indent=1)
+            f.write(dumps([v.to_json() for v in verdicts]))
     return 1 if any(v.failed for v in verdicts) else 0
 
 

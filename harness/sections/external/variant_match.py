@@ -14,7 +14,6 @@ Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --back
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -23,6 +22,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import backend_device
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
+from moe_fq_parity.reports.schema import dumps
 
 from . import probes
 from .match_cases import Case, build_cases
@@ -256,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(m.to_json())
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1, default=str)
+            fh.write(dumps(results))
     return 0
 
 

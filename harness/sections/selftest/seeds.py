@@ -8,7 +8,6 @@ only when no check failed under any seed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Optional, Sequence
@@ -16,6 +15,7 @@ from typing import Optional, Sequence
 from moe_fq_parity.cases import DEFAULT_SEED, make_inputs, suite as suite_cases
 from moe_fq_parity.harness.backends import load
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS, CheckContext, expected_forward, run_case_checks
+from moe_fq_parity.reports.schema import dumps
 
 
 def run_seeds(suite: str, specs: Sequence[str], seeds: Sequence[int]) -> list[dict]:
@@ -58,7 +58,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{len(rows)} seeds x suite {args.suite} x {specs}: {sum(r['checks'] for r in rows)} checks, {bad} failed")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"suite": args.suite, "backends": specs, "rows": rows}, f, indent=1)
+            f.write(dumps({"suite": args.suite, "backends": specs, "rows": rows}))
     return 0 if bad == 0 else 1
 
 

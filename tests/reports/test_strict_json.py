@@ -1,0 +1,88 @@
+"""Every JSON the project writes is strict JSON: no bare NaN / Infinity tokens anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_fq_parity.reports.schema import SCHEMA_VERSION, dumps, json_safe, load, loads_strict, validate
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = "int8.cuda/per_expert/stacked/N4/16x48/special@design/s0"
+"""A case whose inputs hold NaN, +inf and -inf."""
+CLI = [sys.executable, "-m", "moe_fq_parity.harness"]
+
+
+def _strict(text: str):
+    def boom(token: str):
+        raise AssertionError(f"bare {token} in JSON output")
+
+    return json.loads(text, parse_constant=boom)
+
+
+def _nonfinite_strings(obj) -> set[str]:
+    if isinstance(obj, str):
+        return {obj} & {"nan", "inf", "-inf"}
+    if isinstance(obj, dict):
+        return set().union(*map(_nonfinite_strings, obj.values())) if obj else set()
+    if isinstance(obj, list):
+        return set().union(*map(_nonfinite_strings, obj)) if obj else set()
+    return set()
+
+
+def test_dumps_writes_nonfinite_floats_as_strings_and_loads_strict_refuses_bare_tokens():
+    text = dumps({"a": [math.nan, math.inf, -math.inf, 1.5], "b": (math.inf,)})
+    assert _strict(text) == {"a": ["nan", "inf", "-inf", 1.5], "b": ["inf"]}
+    with pytest.raises(ValueError, match="NaN"):
+        loads_strict('{"x": NaN}')
+    with pytest.raises(TypeError):
+        dumps({"x": object()})  # no silent str() of unknown objects
+
+
+def test_report_of_a_run_on_nan_and_inf_inputs_parses_strictly(tmp_path):
+    """A failing run whose offenders have NaN/inf inputs and outputs writes strict report.json."""
+    out = tmp_path / "rep"
+    proc = subprocess.run([*CLI, "run", "--case", CASE, "--backend", "tests.reports.nonfinite_backends:zero_at_nonfinite",
+                           "--checks", "forward", "--no-sections", "--no-progress", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = (out / "report.json").read_text()
+    report = _strict(text)
+    validate(report)
+    assert report["schema_version"] == SCHEMA_VERSION
+    offenders = [o for r in report["records"] for o in r["offenders"]]
+    assert offenders, "the broken backend must produce offenders"
+    assert {"nan", "inf", "-inf"} <= _nonfinite_strings(offenders)
+
+
+def test_compare_still_reads_a_report_with_bare_nonfinite_tokens(tmp_path):
+    """Reports of schema <= 1.2 could hold bare NaN tokens; ``load`` and ``compare`` still read them."""
+    from tests.harness.test_report import _meta, _record
+
+    old = {"schema_version": "1.2", "complete": True, "error": None, "meta": _meta(), "records": [_record()], "sections": [],
+           "baseline": None}
+    old["records"][0]["offenders"][0]["expected"] = math.nan
+    old_path = tmp_path / "old.json"
+    old_path.write_text(json.dumps(old))
+    assert "NaN" in old_path.read_text()
+    assert math.isnan(load(old_path)["records"][0]["offenders"][0]["expected"])
+    new_path = tmp_path / "new.json"
+    new_path.write_text(dumps(json_safe(old | {"schema_version": SCHEMA_VERSION})))
+    proc = subprocess.run([*CLI, "compare", str(old_path), str(new_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_variant_match_json_is_strict(tmp_path):
+    """``variant_match --json`` (its probes include NaN and inf inputs) writes strict JSON."""
+    path = tmp_path / "vm.json"
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.external.variant_match", "--backend",
+                           "tests.reports.nonfinite_backends:zero_at_nonfinite", "--format", "int8", "--json", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = _strict(path.read_text())
+    assert data and {"nan", "inf", "-inf"} & _nonfinite_strings(data)
