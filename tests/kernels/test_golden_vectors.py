@@ -1,31 +1,25 @@
-"""The kernel against Model-Optimizer's real CUDA extension (FINDINGS §7 vectors), bit for bit.
+"""The kernel against Model-Optimizer's real CUDA extension (the shipped golden vectors), bit for bit.
 
 Every bf16 bit pattern, 8 amax values, computed on an H200 by ``fake_tensor_quant`` /
-``scaled_e4m3``: production fake quant that nobody here wrote.  Skipped where ``shared/`` is absent.
+``scaled_e4m3``: production fake quant that nobody here wrote (``moe_fq_parity.reference.golden``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
 from moe_fq_parity import kernels
+from moe_fq_parity.reference.golden import load_golden
 
 from .bitcheck import assert_same_bits
-
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "modelopt_cuda_vectors.npz"
 
 FORWARD = {"int8_wide": ("int8", {}), "int8_narrow": ("int8", {"narrow_range": True}), "int4_wide": ("int4", {}), "fp8_e4m3": ("fp8_e4m3", {})}
 
 
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"golden vectors not present at {GOLDEN}")
-    return np.load(GOLDEN)
+    return load_golden()
 
 
 def _inputs(golden, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +28,7 @@ def _inputs(golden, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x.expand(len(amax), 256, 256).contiguous().to(device), amax.to(device)
 
 
-def _bf16(bits: np.ndarray) -> torch.Tensor:
+def _bf16(bits) -> torch.Tensor:
     return torch.from_numpy(bits).view(torch.bfloat16).reshape(-1, 256, 256)
 
 

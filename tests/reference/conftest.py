@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-GOLDEN = SHARED / "data" / "modelopt_cuda_vectors.npz"
 
 AMAX_SWEEP = [
     1.0, 2.0, 0.5, 2.0**-10, 2.0**10,  # powers of two
@@ -28,7 +24,8 @@ def all_bf16() -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"golden vectors not present at {GOLDEN} (shared/ is beside the checkout only on the dev/CI machines)")
-    return np.load(GOLDEN)
+def golden() -> dict:
+    """The shipped golden vectors (``moe_fq_parity.reference.golden``); a missing file is an error, not a skip."""
+    from moe_fq_parity.reference.golden import load_golden
+
+    return load_golden()

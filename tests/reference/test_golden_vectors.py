@@ -1,7 +1,8 @@
 """The reference's default variants reproduce Model-Optimizer's CUDA extension bit for bit.
 
-Data: ``shared/data/modelopt_cuda_vectors.npz`` (FINDINGS §7): every bf16 bit pattern through the
-real CUDA extension on an H200, for 8 amax values, NaN and Inf included.
+Data: ``reference/data/modelopt_cuda_vectors.npz`` (shipped with the package; provenance in
+``reference/data/README.md``): every bf16 bit pattern through Model-Optimizer 0.47.0's CUDA
+extension on an H200, for 8 amax values, NaN and Inf included.
 """
 
 from __future__ import annotations
@@ -49,3 +50,17 @@ def test_ste_matches_cuda_extension(golden, key, mode):
         if bad:
             failures.append(f"amax={amax!r}: {len(bad)} gradients differ, first at x={x[0, bad[0]].item()!r}")
     assert not failures, "\n".join(failures)
+
+
+def test_golden_file_is_the_one_produced_and_ships_with_the_package():
+    """The file's bytes are those recorded in its README (no silent regeneration) and it holds every key."""
+    import hashlib
+
+    from moe_fq_parity.reference import golden as G
+
+    assert hashlib.sha256(G.GOLDEN_PATH.read_bytes()).hexdigest() == G.GOLDEN_SHA256
+    assert G.GOLDEN_SHA256 in (G.GOLDEN_PATH.parent / "README.md").read_text()
+    data = G.load_golden()
+    assert set(data) == {"amax", "x_bits", *G.FORWARD_KEYS, *G.GRADIENT_KEYS}
+    assert data["x_bits"].shape == (65536,) and len(set(data["x_bits"].tolist())) == 65536
+    assert all(data[k].shape == (8, 65536) for k in (*G.FORWARD_KEYS, *G.GRADIENT_KEYS))
