@@ -1,8 +1,14 @@
-"""Backends: built-ins (``reference``, ``triton``, ``eager-loop``) and ``package.module:object`` loading.
+"""Backends by name or by ``package.module:object``.
 
-``load(spec)`` returns a ``LoadedBackend`` saying whether it can run here and why not; unavailable
-backends are skipped with that reason, never passed.  An external spec that does not import or does
-not meet the contract raises ``BackendLoadError`` (the user asked for it: that is an error).
+Names: the built-ins (``reference``, ``triton``, ``eager-loop``) and the external implementations
+judged against the reference (``modelopt``, ``modelopt-eager``, ``te``, ``te-current``;
+``harness.sections.external.BACKENDS``).  Every place that takes a backend (``run --backend``,
+``selftest --backend``, ``variant_match --backend``, pytest ``--parity-backend``) resolves it here.
+
+``load(spec)`` returns a ``LoadedBackend`` saying whether it can run here and, when not, the exact
+reason and what to install (``hint``); unavailable backends are skipped with that reason, never
+passed.  A ``package.module:object`` spec that does not import or does not meet the contract, or an
+unknown name, raises ``BackendLoadError`` (the user asked for it: that is an error).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from moe_fq_parity.harness.core.contract import backend_available, backend_device, check_backend
+from moe_fq_parity.harness.sections.external import BACKENDS as EXTERNAL
+from moe_fq_parity.harness.sections.external import INSTALL_HINTS as _EXTERNAL_HINTS
 
 from .eager_loop import EagerLoopBackend
 from .external import BackendLoadError, load_external
@@ -22,6 +30,10 @@ BUILTINS: dict[str, Callable[[], object]] = {
     "triton": TritonBackend,
     "eager-loop": EagerLoopBackend,
 }
+NAMES: tuple[str, ...] = (*BUILTINS, *EXTERNAL)
+"""Every backend name ``load`` accepts, built-ins first (``list`` shows them in this order)."""
+INSTALL_HINTS: dict[str, str] = {"triton": "pip install 'moe-fq-parity[triton]' (and a CUDA GPU)", **_EXTERNAL_HINTS}
+"""What makes a named backend available, shown with its reason when it is not."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +45,17 @@ class LoadedBackend:
     available: bool
     reason: str
     device: str
+    hint: str = ""
+    """What to install to make it available (empty when available or unknown)."""
 
     @property
     def name(self) -> str:
         return getattr(self.obj, "name", self.spec) if self.obj is not None else self.spec
+
+    @property
+    def why_not(self) -> str:
+        """The reason it is unavailable, with the install hint when there is one."""
+        return self.reason + (f"; to enable: {self.hint}" if self.hint else "")
 
     def to_json(self) -> dict:
         return {"spec": self.spec, "name": self.name, "available": self.available, "reason": self.reason, "device": self.device,
@@ -44,19 +63,22 @@ class LoadedBackend:
 
 
 def load(spec: str) -> LoadedBackend:
-    """Resolve a built-in name or ``package.module:object`` (see the module docstring)."""
+    """Resolve a backend name (``NAMES``) or ``package.module:object`` (see the module docstring)."""
+    hint = INSTALL_HINTS.get(spec, "")
     if spec in BUILTINS:
         try:
             obj = BUILTINS[spec]()
             check_backend(obj, origin=spec)
         except Exception as exc:  # noqa: BLE001 - a built-in that cannot be built is unavailable, with why
-            return LoadedBackend(spec, None, False, f"{type(exc).__name__}: {exc}", "")
+            return LoadedBackend(spec, None, False, f"{type(exc).__name__}: {exc}", "", hint)
+    elif spec in EXTERNAL:
+        obj = load_external(EXTERNAL[spec])
     elif ":" in spec:
         obj = load_external(spec)
     else:
-        raise BackendLoadError(f"unknown backend {spec!r}: use one of {sorted(BUILTINS)} or 'package.module:object'")
+        raise BackendLoadError(f"unknown backend {spec!r}: use one of {', '.join(NAMES)} or 'package.module:object'")
     ok, reason = backend_available(obj)
-    return LoadedBackend(spec, obj, ok, reason, str(backend_device(obj)))
+    return LoadedBackend(spec, obj, ok, reason, str(backend_device(obj)), "" if ok else hint)
 
 
 def load_all(specs: Optional[Iterable[str]] = None) -> list[LoadedBackend]:
@@ -64,4 +86,4 @@ def load_all(specs: Optional[Iterable[str]] = None) -> list[LoadedBackend]:
     return [load(s) for s in (list(specs) if specs else list(BUILTINS))]
 
 
-__all__ = ["BUILTINS", "BackendLoadError", "LoadedBackend", "load", "load_all", "load_external"]
+__all__ = ["BUILTINS", "EXTERNAL", "INSTALL_HINTS", "NAMES", "BackendLoadError", "LoadedBackend", "load", "load_all", "load_external"]

@@ -30,6 +30,7 @@ def _csv(text: str) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     from moe_fq_parity.cases import DEFAULT_SEED, SUITES
     from moe_fq_parity.reference import FORMATS
+    from moe_fq_parity.harness.backends import NAMES
     from moe_fq_parity.harness.core.records import CHECKS
 
     p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a suite and write report.json + report.html")
     r.add_argument("--suite", default="smoke", choices=sorted(SUITES), help="case suite (default: smoke)")
     r.add_argument("--backend", action="append", default=[], metavar="B",
-                   help="reference | triton | eager-loop | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
+                   help=f"{' | '.join(NAMES)} | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
     r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
     r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
     r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable)")
@@ -68,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--mutant", action="append", default=None, metavar="NAME", help="only this mutant (repeatable)")
     st.add_argument("--case", action="append", default=[], metavar="ID", help="only this case id (repeatable)")
     st.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    st.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
+    ctl = st.add_mutually_exclusive_group()
+    ctl.add_argument("--backend", action="append", default=None, metavar="B",
+                     help=f"unmutated control backend to run through the same cases ({' | '.join(NAMES)} | package.module:object; "
+                          "repeatable or comma-separated; default: reference and eager-loop for ci, triton for nightly)")
+    ctl.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
     st.add_argument("--json", type=Path, default=None, help="write the outcome as JSON here")
     ls = sub.add_parser("list", help="list suites, cases and backends")
     ls.add_argument("--suite", choices=sorted(SUITES), default=None, help="list the cases of this suite only")
@@ -193,7 +198,7 @@ def _cmd_merge(args) -> int:
 def _cmd_list(args) -> int:
     from moe_fq_parity.cases import marks, select, suite, SUITES
 
-    from moe_fq_parity.harness.backends import load_all
+    from moe_fq_parity.harness.backends import BUILTINS, NAMES, load_all
 
     for name in ([args.suite] if args.suite else sorted(SUITES)):
         cs = select(suite(name), patterns=args.cases)
@@ -202,9 +207,11 @@ def _cmd_list(args) -> int:
             for c in cs:
                 m = marks(c)
                 print(f"  {c.id}" + (f"  [{', '.join(m)}]" if m else ""))
-    print("backends:")
-    for b in load_all():
-        print(f"  {b.spec}: " + ("available" if b.available else "unavailable") + (f" ({b.reason})" if b.reason else "") + f" on {b.device or '-'}")
+    print("backends: --backend NAME, or package.module:object for your own")
+    for b in load_all(NAMES):
+        kind = "built-in" if b.spec in BUILTINS else "external"
+        state = f"available on {b.device or '-'}" + (f" ({b.reason})" if b.reason else "") if b.available else f"unavailable: {b.why_not}"
+        print(f"  {b.spec:15} {kind:9} {state}")
     return 0
 
 
@@ -228,8 +235,8 @@ def _cmd_selftest(args) -> int:
     from moe_fq_parity.harness.sections.selftest.runner import run_selftest
 
     try:
-        result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None,
-                              controls=() if args.no_controls else None, progress=True)
+        controls = () if args.no_controls else ([s for arg in args.backend for s in _csv(arg)] if args.backend else None)
+        result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None, controls=controls, progress=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -187,7 +187,7 @@ def parity_loaded_backend(parity_backend: str):
         _LOADED[parity_backend] = load(parity_backend)
     lb = _LOADED[parity_backend]
     if not lb.available:
-        pytest.skip(f"backend {parity_backend} unavailable: {lb.reason}")
+        pytest.skip(f"backend {parity_backend} unavailable: {lb.why_not}")
     return lb
 
 

@@ -173,7 +173,7 @@ def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
             print(f"  {r['check']} on {r['backend']}: {r['message']}", file=sys.stderr)
     for b in cfg.backends:
         if not b.available:
-            print(f"backend {b.spec} skipped: {b.reason}")
+            print(f"backend {b.spec} skipped: {b.why_not}")
     verdict = overall_verdict(report)
     if verdict == "fail":
         return EXIT_FAIL

@@ -23,3 +23,11 @@ BACKENDS: dict[str, str] = {
     "te-current": "moe_fq_parity.harness.sections.external.te_backend:te_current",
 }
 """External backend name -> ``module:object``, in report order."""
+
+INSTALL_HINTS: dict[str, str] = {
+    "modelopt": "pip install 'moe-fq-parity[modelopt]'",
+    "modelopt-eager": "pip install 'moe-fq-parity[modelopt]'",
+    "te": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
+    "te-current": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
+}
+"""What makes each external backend available, shown next to its reason when it is not."""

@@ -1,28 +1,31 @@
-"""Resolve an external backend by name (``harness.external.BACKENDS``) or ``module:object``."""
+"""Resolve a backend for the external section and ``variant_match``: any name the harness knows
+(``harness.backends.NAMES``: built-ins and ``BACKENDS``) or ``module:object``, through
+``harness.backends.load`` (one resolution rule everywhere)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
-
-from moe_fq_parity.harness.core.contract import backend_available, check_backend
-
-from . import BACKENDS
 
 
 def resolve(spec: str) -> object:
-    """The backend object named by ``spec``; ``ValueError`` for a malformed or unknown one."""
-    target = BACKENDS.get(spec, spec)
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"backend {spec!r} is neither one of {sorted(BACKENDS)} nor 'module:object'")
-    obj = getattr(importlib.import_module(module), attr)
-    check_backend(obj, origin=target)
-    return obj
+    """The backend object named by ``spec``; ``ValueError`` for a malformed, unknown or unbuildable one."""
+    from moe_fq_parity.harness.backends import BackendLoadError, load
+
+    try:
+        lb = load(spec)
+    except BackendLoadError as exc:
+        raise ValueError(str(exc)) from exc
+    if lb.obj is None:
+        raise ValueError(f"backend {spec!r} cannot be built here: {lb.why_not}")
+    return lb.obj
 
 
 def load_backend(spec: str) -> tuple[Optional[object], str]:
-    """``(backend, "")`` when it can run here, else ``(None, reason)``."""
-    obj = resolve(spec)
-    ok, why = backend_available(obj)
-    return (obj, "") if ok else (None, why or "available() said no")
+    """``(backend, "")`` when it can run here, else ``(None, reason)`` (the reason names what to install)."""
+    from moe_fq_parity.harness.backends import BackendLoadError, load
+
+    try:
+        lb = load(spec)
+    except BackendLoadError as exc:
+        raise ValueError(str(exc)) from exc
+    return (lb.obj, "") if lb.available else (None, lb.why_not or "available() said no")

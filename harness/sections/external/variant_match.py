@@ -229,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .registry import load_backend
 
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
-    p.add_argument("--backend", required=True, help="an external backend name (harness.external.BACKENDS) or module:object")
+    p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, the built-ins) or module:object")
     p.add_argument("--format", dest="fmt", action="append", help="format (repeatable); default: all the backend runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ties", type=int, default=200)

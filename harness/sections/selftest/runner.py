@@ -104,7 +104,7 @@ def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s:
     """An unmutated backend over the same cases: every check must pass or skip."""
     backend = load(spec)
     if not backend.available:
-        return ControlOutcome(spec, False, backend.reason)
+        return ControlOutcome(spec, False, backend.why_not)
     failures, n = [], 0
     for case in cases:
         inputs, expected = cache.get(case)
