@@ -221,7 +221,7 @@ def test_quantizer_state_breakage_fails(monkeypatch, tmp_path):
         act = real(sd, prefix, n, **kw)
         if act != "converted" or kw.get("quantizer", "weight_quantizer") != "weight_quantizer":
             return act
-        keys = [k for k in sd if k.startswith(prefix + "weight_quantizer.")]
+        keys = [k for k in sd if k.startswith(prefix + ("weight_quantizer." if kw.get("naming") == "list" else "weight_quantizer_"))]
         vals = [sd[k] for k in keys]
         for k, v in zip(keys, reversed(vals)):
             sd[k] = v
@@ -229,7 +229,21 @@ def test_quantizer_state_breakage_fails(monkeypatch, tmp_path):
 
     monkeypatch.setattr(checks_state, "vector_to_n", reversed_experts)
     failed = rows()
-    assert {"state_dict/quantizer/roundtrip/flat", "state_dict/quantizer/roundtrip/broadcast", "state_dict/quantizer/suffix_to_list"} <= failed
+    assert {"state_dict/quantizer/roundtrip/flat", "state_dict/quantizer/roundtrip/broadcast"} <= failed
     assert "state_dict/quantizer/load/vector_to_n" not in failed, "the load goes through the module's own hook"
     monkeypatch.setattr(quantized, "vector_to_n", reversed_experts)
     assert "state_dict/quantizer/load/vector_to_n" in rows()
+
+
+def test_internal_key_names_in_the_state_dict_fail_the_upstream_keys_row(monkeypatch, tmp_path):
+    """A model that writes its internal ``weight_quantizer.{i}`` paths instead of the upstream keys."""
+    b = _bench("fp8")
+
+    def rows():
+        sink = RowSink("t", "smoke", 0, "cpu")
+        quantizer_state_rows(b, sink, str(tmp_path), torch.device("cpu"))
+        return _failed({_key(r.id): r.verdict for r in sink.rows})
+
+    assert rows() == set()
+    monkeypatch.setattr(quantized, "to_upstream_keys", lambda *a, **k: 0)
+    assert "state_dict/quantizer/upstream_keys" in rows()

@@ -15,7 +15,7 @@ from moe_fq_parity.harness.sections.moe.quantized import QuantGroupedExperts, ca
 from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
 from moe_fq_parity.harness.sections.moe.state_dict import (
     grouped_to_indexed, indexed_to_grouped, load_checkpoint, n_quantizer_keys, n_to_vector, save_checkpoint,
-    split_grouped_tensor, vector_to_n,
+    split_grouped_tensor, to_internal_keys, to_upstream_keys, vector_to_n,
 )
 from moe_fq_parity.harness.core.ulp import bits_equal
 
@@ -116,11 +116,26 @@ def test_quantizer_vector_errors_and_early_returns():
         vector_to_n({"weight_quantizer._amax": torch.tensor(2.0)}, "", 4)
     with pytest.raises(ValueError, match=r"weight_quantizer\._amax.*\(5,\)"):
         vector_to_n({"weight_quantizer._amax": torch.ones(5)}, "", 4)
-    sd = {"weight_quantizer.0._amax": torch.tensor(1.0)}
+    sd = {"weight_quantizer_0._amax": torch.tensor(1.0)}
     assert n_to_vector(sd, "", 2) == "incomplete"
     assert n_to_vector({}, "", 2) == "absent" and vector_to_n({}, "", 2) == "absent"
-    both = {"weight_quantizer.0._amax": torch.tensor(1.0), "weight_quantizer._amax": torch.ones(2)}
+    both = {"weight_quantizer_0._amax": torch.tensor(1.0), "weight_quantizer._amax": torch.ones(2)}
     assert vector_to_n(dict(both), "", 2) == "target_present"
+
+
+def test_upstream_and_internal_keys_are_one_mapping():
+    """``weight_quantizer_{i}.{buf}`` <-> ``weight_quantizer.{i}.{buf}``, every buffer, only i < n,
+    other keys untouched; both namings at once is an error, not a silent overwrite."""
+    a, g = torch.tensor(1.5), torch.tensor(3.0)
+    sd = {"m.weight_quantizer_0._amax": a, "m.weight_quantizer_0._global_amax": g, "m.weight_quantizer_7._amax": a,
+          "m.weight0": torch.ones(2), "m.input_quantizer_0._amax": a}
+    assert to_internal_keys(sd, "m.", 2) == 2
+    assert set(sd) == {"m.weight_quantizer.0._amax", "m.weight_quantizer.0._global_amax", "m.weight_quantizer_7._amax",
+                       "m.weight0", "m.input_quantizer_0._amax"}
+    assert sd["m.weight_quantizer.0._global_amax"] is g
+    assert to_upstream_keys(sd, "m.", 2) == 2 and "m.weight_quantizer_0._global_amax" in sd
+    with pytest.raises(ValueError, match="already present"):
+        to_internal_keys({"weight_quantizer_0._amax": a, "weight_quantizer.0._amax": a}, "", 1)
 
 
 class _NotATensor:

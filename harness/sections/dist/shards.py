@@ -7,8 +7,9 @@ it to checkpoint keys in one of two quantizer layouts (prefix ``decoder.experts.
 
 * ``one_vector``  -- grouped: ``weight`` ``[E, out, in]`` and ``weight_quantizer.{buf}``
   ``[E, ...]``, each sharded on dim 0 over EP (offset ``ep_rank * n_local``) and on the TP axis;
-* ``n_quantizer`` -- one entry per expert: ``weight{g}`` ``[out, in]`` and
-  ``weight_quantizer.{g}.{buf}``, on the TP sub-mesh of the EP rank that holds expert ``g``.
+* ``n_quantizer`` -- one entry per expert under the upstream per-expert keys: ``weight{g}``
+  ``[out, in]`` and ``weight_quantizer_{g}.{buf}`` (``_amax``, ``_global_amax``; the MoE section's
+  ``state_dict.UPSTREAM_KEYS``), on the TP sub-mesh of the EP rank that holds expert ``g``.
 
 ``index_mode="local"`` is the known bug kept as a negative control: quantizer keys use the
 *local* expert index (``n_quantizer``) or a local ``[n_local, ...]`` vector with no EP offset
@@ -118,7 +119,7 @@ def _key(fc: str, field_name: str, qlayout: str, index: Optional[int]) -> str:
     base = f"{PREFIX}linear_{fc}."
     if field_name == "weight":
         return base + ("weight" if index is None else f"weight{index}")
-    return base + ("weight_quantizer." if index is None else f"weight_quantizer.{index}.") + field_name
+    return base + ("weight_quantizer." if index is None else f"weight_quantizer_{index}.") + field_name
 
 
 def key_plan(

@@ -14,7 +14,9 @@ Parameter rows (role ``grouped_linear/weight/{name}``, format-independent):
 Quantizer rows (role ``grouped_linear/weight/{name}``, per spec):
 
 * ``state_dict/quantizer/roundtrip/{flat,broadcast}`` -- N-quantizer -> one vector -> N-quantizer;
-* ``state_dict/quantizer/suffix_to_list`` -- ``weight_quantizer_{i}`` keys -> ``weight_quantizer.{i}``;
+* ``state_dict/quantizer/upstream_keys`` -- the N-quantizer model writes exactly the upstream keys
+  ``weight_quantizer_{i}._amax`` (``state_dict.UPSTREAM_KEYS``); a dict with the internal keys
+  ``weight_quantizer.{i}._amax`` loads strictly with bitwise-equal amax;
 * ``state_dict/quantizer/load/{n_to_vector,vector_to_n}`` -- a file written by one layout loaded
   strictly into the other; per-expert amax and quantized outputs bitwise equal;
 * ``state_dict/quantizer/shared_to_n_error`` -- a shared (pre-0.47) amax cannot be split.
@@ -159,13 +161,19 @@ def quantizer_state_rows(bench: Bench, sink: RowSink, tmpdir: str, device: torch
             sink.add(role, check, ok=diff.equal and [a1, a2] == ["converted"] * 2 and vshape == want,
                      expected=f"converted x2, vector {want}, bits equal", measured=f"{[a1, a2]}, {vshape}, " + ("equal" if diff.equal else "differ"),
                      mismatches=diff.mismatches, detail=diff.summary())
-    with sink.guard(role, "state_dict/quantizer/suffix_to_list"):
-        lst, suf = n_quantizer_keys("", n, naming="list"), n_quantizer_keys("", n, naming="suffix")
-        work = {suf[lst.index(k)] if k in lst else k: v for k, v in sd.items()}
-        acts = [n_to_vector(work, "", n, piece_ndim=nd, naming="suffix"), vector_to_n(work, "", n, piece_ndim=nd, naming="list")]
-        diff = dict_diff(sd, work)
-        sink.add(role, "state_dict/quantizer/suffix_to_list", ok=diff.equal and acts == ["converted"] * 2,
-                 expected="converted x2, bits equal", measured=f"{acts}, " + ("equal" if diff.equal else "differ"), mismatches=diff.mismatches, detail=diff.summary())
+    with sink.guard(role, "state_dict/quantizer/upstream_keys"):
+        upstream = n_quantizer_keys("", n, naming="suffix")
+        internal = n_quantizer_keys("", n, naming="list")
+        written = sorted(k for k in sd if k.startswith("weight_quantizer"))
+        work = {internal[upstream.index(k)] if k in upstream else k: v for k, v in sd.items()}
+        dst = _fresh(bench, device, per_expert=True, weight_layout="n_quantizer")
+        result = dst.load_state_dict(work, strict=True)
+        diff = bit_diff(nq.weight_amax(), dst.weight_amax(), label="amax of expert")
+        ok = written == sorted(upstream) and diff.equal
+        sink.add(role, "state_dict/quantizer/upstream_keys", ok=ok,
+                 expected=f"state dict writes exactly {upstream[0]} .. {upstream[-1]}; internal keys {internal[0]} .. load strictly, amax bitwise equal",
+                 measured=f"wrote {written[:2]}..{written[-1:]}, load {result}, amax " + ("equal" if diff.equal else f"{diff.mismatches} differ"),
+                 mismatches=diff.mismatches, detail=diff.summary())
     fwd = lambda m: outputs(m, bench.data, "all_routed")  # noqa: E731
     for check, src, dst in (
         ("state_dict/quantizer/load/n_to_vector", nq, _fresh(bench, device, per_expert=True, weight_layout="one_vector", vector_form="broadcast")),

@@ -7,6 +7,9 @@
     wq_i = weight_quantizer(weight_i)                  amax per weight layout
     out  = layer(cat(xq_i), m_splits) with weight_i := wq_i     (te_adapter.grouped_forward)
 
+State dicts carry the upstream keys (``weight_quantizer_{i}._amax``, ``state_dict.UPSTREAM_KEYS``);
+loading accepts those, the internal ``weight_quantizer.{i}._amax`` and the one-vector forms.
+
 ``QuantSequentialExperts(experts, recipe, name, *, input_layout)`` attaches one weight and one
 input ``MaxQuantizer`` to every ``local_experts.{i}`` (state keys
 ``experts.local_experts.{i}.weight_quantizer._amax``) and runs each expert on its rows.
@@ -34,7 +37,7 @@ from torch import nn
 from .layers import MSplits, SequentialExperts, grouped_expert_weights, split_tokens
 from .quantizers import ExpertQuantizer, MaxQuantizer, fake_quant_spec, max_sync_, piece_shape, set_quant_mode
 from .roles import Recipe, Role
-from .state_dict import n_to_vector, vector_to_n
+from .state_dict import n_to_vector, to_internal_keys, to_upstream_keys, vector_to_n
 from .te_adapter import grouped_forward
 
 INPUT_LAYOUTS = ("shared", "per_expert", "synced")
@@ -81,6 +84,7 @@ class QuantGroupedExperts(nn.Module):
         in_layout = "shared" if input_layout == "shared" else "n_quantizer"
         self.input_quantizer = ExpertQuantizer(self.input_spec, n, out, in_layout, device=dev)
         self.register_load_state_dict_pre_hook(_normalize_quantizer_keys)
+        self.register_state_dict_post_hook(_upstream_quantizer_keys)
 
     @property
     def num_experts(self) -> int:
@@ -112,14 +116,23 @@ class QuantGroupedExperts(nn.Module):
         return grouped_expert_weights(self.layer)
 
 
+def _upstream_quantizer_keys(module: QuantGroupedExperts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """State-dict post-hook: per-expert quantizers under their upstream keys ``{q}_{i}.{buf}``
+    (``state_dict.UPSTREAM_KEYS``)."""
+    for qname in ("weight_quantizer", "input_quantizer"):
+        if getattr(module, qname).layout == "n_quantizer":
+            to_upstream_keys(state_dict, prefix, module.num_experts, quantizer=qname)
+
+
 def _normalize_quantizer_keys(module: QuantGroupedExperts, state_dict: dict, prefix: str, *args) -> None:
-    """Load pre-hook: bring N-quantizer (list/suffix) or one-vector amax keys to the module's layout."""
+    """Load pre-hook: bring N-quantizer (upstream or internal keys) or one-vector amax keys to the
+    module's layout (internal module paths, ``state_dict.UPSTREAM_KEYS``)."""
     n = module.num_experts
     for qname in ("weight_quantizer", "input_quantizer"):
         q: ExpertQuantizer = getattr(module, qname)
         nd = len(q.piece)
         if q.layout == "n_quantizer":
-            n_to_vector(state_dict, prefix, n, piece_ndim=nd, quantizer=qname, naming="suffix")
+            to_internal_keys(state_dict, prefix, n, quantizer=qname)
             vector_to_n(state_dict, prefix, n, piece_ndim=nd, quantizer=qname, naming="list")
         elif q.layout == "one_vector":
             for naming in ("list", "suffix"):

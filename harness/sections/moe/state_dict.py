@@ -6,9 +6,10 @@ Layouts of N experts' tensors under one module ``prefix``:
   Transformer Engine ``GroupedLinear``'s default parameters;
 * **grouped** -- one ``{prefix}weight`` ``[N, out, in]`` (``bias``: ``[N, out]``), or *packed*
   ``[N*out, in]`` (``bias``: ``[N*out]``), TE's ``single_grouped_weight`` storage;
-* **N-quantizer** -- ``{prefix}weight_quantizer.{i}._amax`` (naming ``list``) or
-  ``{prefix}weight_quantizer_{i}._amax`` (naming ``suffix``), each ``()`` per tensor or ``[out]``
-  per channel;
+* **N-quantizer** -- ``{prefix}weight_quantizer_{i}._amax`` (naming ``suffix``: the upstream
+  per-expert modules' own keys, ``UPSTREAM_KEYS``) or ``{prefix}weight_quantizer.{i}._amax``
+  (naming ``list``: the internal module tree, a ``ModuleList``-like ``ExpertQuantizer``, and
+  Model-Optimizer 0.47's ``GroupedQuantizer``), each ``()`` per tensor or ``[out]`` per channel;
 * **one-vector** -- one ``{prefix}weight_quantizer._amax`` ``[N]`` / ``[N, out]`` (form ``flat``)
   or ``[N, 1, 1]`` / ``[N, out, 1]`` (form ``broadcast``: broadcasts over ``[N, out, in]``).
 
@@ -31,12 +32,28 @@ Files are loaded with ``torch.load(..., weights_only=True)`` only (``load_checkp
 from __future__ import annotations
 
 import os
+import re
 from typing import MutableMapping
 
 import torch
 
 ACTIONS = ("converted", "reshaped", "target_present", "absent", "incomplete")
 NAMINGS = ("list", "suffix")
+
+UPSTREAM_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("{prefix}weight{i}", "{prefix}weight{i}", "expert i's weight [out, in] (TE GroupedLinear, Megatron TEGroupedLinear)"),
+    ("{prefix}bias{i}", "{prefix}bias{i}", "expert i's bias [out]; absent when the layer has no bias"),
+    ("{prefix}weight", "{prefix}weight", "single grouped weight [N, out, in] (TE single_grouped_weight)"),
+    ("{prefix}weight_quantizer_{i}._amax", "{prefix}weight_quantizer.{i}._amax", "expert i's weight amax, () or [out]"),
+    ("{prefix}weight_quantizer_{i}._global_amax", "{prefix}weight_quantizer.{i}._global_amax", "expert i's NVFP4 global amax ()"),
+    ("{prefix}input_quantizer_{i}._amax", "{prefix}input_quantizer.{i}._amax", "expert i's input amax () (per-expert input layouts)"),
+)
+"""The one mapping between upstream checkpoint keys and internal module paths: ``(upstream,
+internal, what)``.  Parameters keep their upstream names; per-expert quantizers are upstream
+sibling modules ``weight_quantizer_{i}`` and internally children ``{i}`` of one
+``ExpertQuantizer`` named ``weight_quantizer`` (``to_upstream_keys`` / ``to_internal_keys``
+rename every buffer of such a quantizer, not only ``_amax``).  State dicts are written with the
+upstream keys and read with either."""
 VECTOR_FORMS = ("flat", "broadcast")
 
 StateDict = MutableMapping[str, torch.Tensor]
@@ -115,7 +132,7 @@ def grouped_to_indexed(sd: StateDict, prefix: str, param: str, n: int) -> str:
     return "converted"
 
 
-def n_quantizer_keys(prefix: str, n: int, *, quantizer: str = "weight_quantizer", naming: str = "list", buffer: str = "_amax") -> list[str]:
+def n_quantizer_keys(prefix: str, n: int, *, quantizer: str = "weight_quantizer", naming: str = "suffix", buffer: str = "_amax") -> list[str]:
     """``{prefix}{quantizer}.{i}.{buffer}`` (``list``) or ``{prefix}{quantizer}_{i}.{buffer}`` (``suffix``)."""
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
@@ -136,7 +153,7 @@ def _vector_shape(n: int, piece_shape: tuple[int, ...], form: str) -> tuple[int,
 
 def n_to_vector(
     sd: StateDict, prefix: str, n: int, *, piece_ndim: int = 0, quantizer: str = "weight_quantizer",
-    naming: str = "list", form: str = "flat", buffer: str = "_amax",
+    naming: str = "suffix", form: str = "flat", buffer: str = "_amax",
 ) -> str:
     """N per-expert amax (each ``piece_ndim``-dim) -> one vector amax of ``form``.
 
@@ -177,7 +194,7 @@ def _squeeze_piece(key: str, t: torch.Tensor, piece_ndim: int) -> torch.Tensor:
 
 def vector_to_n(
     sd: StateDict, prefix: str, n: int, *, piece_ndim: int = 0, quantizer: str = "weight_quantizer",
-    naming: str = "list", buffer: str = "_amax",
+    naming: str = "suffix", buffer: str = "_amax",
 ) -> str:
     """One vector amax ``[N, ...]`` -> N per-expert amax of ``piece_ndim`` dims.
 
@@ -202,6 +219,33 @@ def vector_to_n(
     for k, p in zip(keys, pieces):
         sd[k] = p
     return "converted"
+
+
+def _rename_expert_quantizer_keys(sd: StateDict, prefix: str, n: int, quantizer: str, src: str, dst: str) -> int:
+    pattern = re.compile(re.escape(prefix + quantizer) + (r"\.(\d+)\." if src == "list" else r"_(\d+)\.") + r"(.+)$")
+    sep = "." if dst == "list" else "_"
+    renames = []
+    for k in sd:
+        m = pattern.match(k)
+        if m and int(m.group(1)) < n:
+            renames.append((k, f"{prefix}{quantizer}{sep}{m.group(1)}.{m.group(2)}"))
+    clash = [new for _, new in renames if new in sd]
+    if clash:
+        raise ValueError(f"cannot rename {quantizer} keys: {clash[:3]} already present (both namings in one state dict)")
+    for old, new in renames:
+        sd[new] = sd.pop(old)
+    return len(renames)
+
+
+def to_upstream_keys(sd: StateDict, prefix: str, n: int, *, quantizer: str = "weight_quantizer") -> int:
+    """``{prefix}{quantizer}.{i}.{buf}`` -> ``{prefix}{quantizer}_{i}.{buf}`` for ``i < n`` (``UPSTREAM_KEYS``),
+    in place; returns the number of keys renamed.  ``ValueError`` when a target key exists already."""
+    return _rename_expert_quantizer_keys(sd, prefix, n, quantizer, "list", "suffix")
+
+
+def to_internal_keys(sd: StateDict, prefix: str, n: int, *, quantizer: str = "weight_quantizer") -> int:
+    """Inverse of ``to_upstream_keys``."""
+    return _rename_expert_quantizer_keys(sd, prefix, n, quantizer, "suffix", "list")
 
 
 def save_checkpoint(sd: StateDict, path: str | os.PathLike) -> None:
