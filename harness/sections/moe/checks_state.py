@@ -8,6 +8,17 @@ Parameter rows (role ``grouped_linear/weight/{name}``, format-independent):
   (``torch.save``; read back with ``weights_only=True``) loaded strictly into a twin of the other
   layout through its pre-hook; unquantized outputs bitwise equal;
 * ``state_dict/early_return/{target_present,incomplete,bias_absent}`` -- nothing touched;
+* ``state_dict/early_return/grouped_beside_partial_indexed`` -- an indexed module's pre-hook given
+  ``{weight, weight0}`` leaves both alone (*any* indexed key blocks the split; splitting would
+  overwrite ``weight0``); the load then reports ``weight`` unexpected and ``weight1..`` missing;
+* ``state_dict/early_return/bias_unused`` -- bias-free modules (indexed and single-grouped) convert
+  the weight keys of a biased checkpoint and leave its ``bias``/``bias{i}`` keys alone (reported
+  unexpected); weights loaded through the hook give the same outputs;
+* ``state_dict/optimizer/{indexed_to_single,single_to_indexed}`` -- the optimizer-side
+  normalisation of fp32 main params by name (``normalize_flat_grouped_params``, wrapper prefix
+  ``module.`` on the model side) gives exactly the target's keys and bits;
+* ``state_dict/optimizer/early_return/{grouped_beside_partial_indexed,bias_unused}`` -- the same
+  two early returns on that path;
 * ``state_dict/split_error`` -- a grouped tensor whose dim 0 is not N or a multiple of N raises
   ``ValueError`` naming the key and the shape.
 
@@ -36,7 +47,8 @@ from .layers import GroupedLinearTwin, set_expert_params
 from .quantized import QuantGroupedExperts, set_quant_mode
 from .roles import Role
 from .state_dict import (
-    grouped_to_indexed, indexed_to_grouped, load_checkpoint, n_quantizer_keys, n_to_vector, save_checkpoint, vector_to_n,
+    grouped_to_indexed, indexed_to_grouped, load_checkpoint, n_quantizer_keys, n_to_vector, normalize_flat_grouped_params,
+    save_checkpoint, vector_to_n,
 )
 
 
@@ -121,6 +133,8 @@ def layout_rows(shape: ExpertShape, data: ExpertData, name: str, sink: RowSink, 
         sink.add(role, "state_dict/early_return/bias_absent", ok=acts == ["absent"] * 2 and diff.equal,
                  expected="absent x2; bias-free indexed -> single loads, outputs equal", measured=f"{acts}, outputs {'equal' if diff.equal else 'differ'}",
                  mismatches=diff.mismatches, detail=diff.summary())
+    _early_return_rows(shape, data, sd, sink, role, device, fwd)
+    _optimizer_rows(shape, data, sink, role, device)
     with sink.guard(role, "state_dict/split_error"):
         bad_shape = (n * shape.out_features + 1, shape.in_features)
         bad = {"experts.weight": torch.zeros(bad_shape)}
@@ -132,6 +146,118 @@ def layout_rows(shape: ExpertShape, data: ExpertData, name: str, sink: RowSink, 
         ok = "experts.weight" in msg and str(bad_shape) in msg
         sink.add(role, "state_dict/split_error", ok=ok, expected=f"ValueError naming 'experts.weight' and {bad_shape}",
                  measured=msg or "no error", detail=msg)
+
+
+def _hook(module: torch.nn.Module, sd: dict) -> dict:
+    """Run ``module``'s load pre-hooks on a copy of ``sd`` (what ``load_state_dict`` hands them)."""
+    work = dict(sd)
+    for hook in module._load_state_dict_pre_hooks.values():
+        hook(work, "", {}, True, [], [], [])
+    return work
+
+
+def _same_objects(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+
+
+def _early_return_rows(shape: ExpertShape, data: ExpertData, sd: dict, sink: RowSink, role: Role, device: torch.device, fwd) -> None:
+    """The load pre-hook's early returns on partial and bias-free key sets (see module docstring)."""
+    n = shape.num_experts
+    check = "state_dict/early_return/grouped_beside_partial_indexed"
+    with sink.guard(role, check):
+        mixed = {"weight": torch.stack([sd[f"weight{i}"] for i in range(n)]), "weight0": -sd["weight0"]}
+        target = _twin(shape, data, device, single=False, bias=False)
+        after = _hook(target, mixed)
+        result = _twin(shape, data, device, single=False, bias=False).load_state_dict(dict(mixed), strict=False)
+        ok = _same_objects(mixed, after) and sorted(result.unexpected_keys) == ["weight"] and len(result.missing_keys) == n - 1
+        sink.add(role, check, ok=ok, expected="hook leaves {weight, weight0} untouched (an indexed key blocks the split); "
+                 f"load reports 'weight' unexpected and weight1..{n - 1} missing",
+                 measured=f"keys after hook {sorted(after)}, untouched={_same_objects(mixed, after)}, unexpected {result.unexpected_keys}, "
+                 f"{len(result.missing_keys)} missing")
+    check = "state_dict/early_return/bias_unused"
+    with sink.guard(role, check):
+        with_bias = {k: v for k, v in sd.items()}
+        grouped = dict(with_bias)
+        indexed_to_grouped(grouped, "", "weight", n)
+        indexed_to_grouped(grouped, "", "bias", n)
+        problems = []
+        for single, src in ((False, grouped), (True, with_bias)):
+            target = _twin(shape, data, device, single=single, bias=False)
+            after = _hook(target, src)
+            bias_keys = sorted(k for k in src if k.startswith("bias"))
+            kept = sorted(k for k in after if k.startswith("bias"))
+            if kept != bias_keys or any(after[k] is not src[k] for k in kept):
+                problems.append(f"{'single' if single else 'indexed'} bias-free module rewrote bias keys {bias_keys} -> {kept}")
+            result = _twin(shape, data, device, single=single, bias=False).load_state_dict(dict(src), strict=False)
+            if sorted(result.unexpected_keys) != bias_keys or result.missing_keys:
+                problems.append(f"{'single' if single else 'indexed'}: unexpected {result.unexpected_keys}, missing {result.missing_keys}")
+            elif not bit_diff([fwd(_twin(shape, data, device, single=False, bias=False))], [fwd(_loaded(target, src))], label="output").equal:
+                problems.append(f"{'single' if single else 'indexed'}: weights loaded through the hook differ")
+        sink.add(role, check, ok=not problems, expected="bias-free modules convert weight keys and leave every bias key of a biased checkpoint alone (reported unexpected)",
+                 measured="; ".join(problems) or "bias keys untouched in both directions", detail="; ".join(problems))
+
+
+def _loaded(module: torch.nn.Module, sd: dict) -> torch.nn.Module:
+    module.load_state_dict(dict(sd), strict=False)
+    return module
+
+
+class _Chunk(torch.nn.Module):
+    """A model chunk as the optimizer sees it: ``module.decoder.experts.linear_fc1`` (DDP-style wrapper)."""
+
+    def __init__(self, linear: torch.nn.Module) -> None:
+        super().__init__()
+        inner, decoder, experts = torch.nn.Module(), torch.nn.Module(), torch.nn.Module()
+        experts.add_module("linear_fc1", linear)
+        decoder.add_module("experts", experts)
+        inner.add_module("decoder", decoder)
+        self.add_module("module", inner)
+
+
+def _main_params(chunk: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """fp32 main params by name, as the optimizer loads them (wrapper prefix dropped, checkpoint style)."""
+    return {k[len("module."):]: v.detach().float() for k, v in chunk.named_parameters()}
+
+
+def _optimizer_rows(shape: ExpertShape, data: ExpertData, sink: RowSink, role: Role, device: torch.device) -> None:
+    """Optimizer-side normalisation rows (``normalize_flat_grouped_params``; see module docstring)."""
+    n = shape.num_experts
+    for src_single, check in ((False, "state_dict/optimizer/indexed_to_single"), (True, "state_dict/optimizer/single_to_indexed")):
+        with sink.guard(role, check):
+            src = _Chunk(_twin(shape, data, device, single=src_single, bias=True))
+            dst = _Chunk(_twin(shape, data, device, single=not src_single, bias=True))
+            flat = _main_params(src)
+            acts = normalize_flat_grouped_params(flat, dst)
+            want = {k[len("module."):]: v.detach().float() for k, v in dst.named_parameters()}
+            diff = dict_diff(want, flat)
+            ok = diff.equal and sorted(acts.values()) == ["converted", "converted"]
+            sink.add(role, check, ok=ok, expected="converted x2 (weight, bias); keys and fp32 bits of the target's params",
+                     measured=f"{acts}, " + ("equal" if diff.equal else f"{diff.mismatches} differ"), mismatches=diff.mismatches, detail=diff.summary())
+    check = "state_dict/optimizer/early_return/grouped_beside_partial_indexed"
+    with sink.guard(role, check):
+        flat = _main_params(_Chunk(_twin(shape, data, device, single=True, bias=True)))
+        one = _main_params(_Chunk(_twin(shape, data, device, single=False, bias=True)))
+        flat["decoder.experts.linear_fc1.weight0"] = -one["decoder.experts.linear_fc1.weight0"]
+        weights = lambda d: {k: v for k, v in d.items() if ".weight" in k}  # noqa: E731
+        before = weights(flat)
+        acts = normalize_flat_grouped_params(flat, _Chunk(_twin(shape, data, device, single=False, bias=True)))
+        same = _same_objects(before, weights(flat))
+        ok = same and acts.get("decoder.experts.linear_fc1/weight") == "target_present"
+        sink.add(role, check, ok=ok, expected="weight: target_present (an indexed key blocks the split); weight keys untouched",
+                 measured=f"{acts}, weight keys untouched={same}")
+    check = "state_dict/optimizer/early_return/bias_unused"
+    with sink.guard(role, check):
+        problems = []
+        for src_single in (False, True):
+            flat = _main_params(_Chunk(_twin(shape, data, device, single=src_single, bias=True)))
+            biases = {k: v for k, v in flat.items() if ".bias" in k}
+            acts = normalize_flat_grouped_params(flat, _Chunk(_twin(shape, data, device, single=not src_single, bias=False)))
+            if {k: v for k, v in flat.items() if ".bias" in k}.keys() != biases.keys() or any(flat[k] is not v for k, v in biases.items()):
+                problems.append(f"{'single' if src_single else 'indexed'} checkpoint: bias keys rewritten for a bias-free module ({acts})")
+            if any(t.endswith("/bias") for t in acts):
+                problems.append(f"bias considered for a bias-free module: {acts}")
+        sink.add(role, check, ok=not problems, expected="bias-free modules: bias keys untouched, bias never considered",
+                 measured="; ".join(problems) or "untouched in both directions", detail="; ".join(problems))
 
 
 def _fresh(bench: Bench, device: torch.device, **kw) -> QuantGroupedExperts:

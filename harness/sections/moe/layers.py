@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .state_dict import grouped_to_indexed, indexed_to_grouped
+from .state_dict import grouped_to_indexed, indexed_to_grouped, remapped_params
 
 MSplits = Sequence[int] | torch.Tensor
 
@@ -131,9 +131,13 @@ class GroupedLinearTwin(nn.Module):
 
 
 def _normalize_grouped_parameter_keys(module: GroupedLinearTwin, state_dict: dict, prefix: str, *args: Any) -> None:
-    """Load pre-hook: convert indexed <-> grouped keys to the module's own layout (in place)."""
-    params = ("weight", "bias") if module.use_bias else ("weight",)
-    for p in params:
+    """Load pre-hook: convert indexed <-> grouped keys to the module's own layout (in place).
+
+    Early returns (dict untouched), as Megatron's ``TEGroupedLinear`` hook: a single-grouped module
+    stacks only when *all* N indexed keys and no grouped key are present; an indexed module splits
+    only when the grouped key and *none* of the indexed keys are present.
+    """
+    for p in remapped_params(module):
         if module.single_grouped_weight:
             indexed_to_grouped(state_dict, prefix, p, module.num_gemms)
         else:

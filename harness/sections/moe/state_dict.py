@@ -20,7 +20,8 @@ modelled on Megatron's ``TEGroupedLinear._normalize_grouped_parameter_keys``:
 * ``absent``         -- neither layout is in the dict (e.g. ``bias`` of a bias-free layer);
 * ``incomplete``     -- only some of the N indexed keys exist: nothing is touched (the load then
   reports the missing keys itself);
-* ``converted``      -- keys rewritten; ``reshaped`` -- a one-vector amax re-formed flat <-> broadcast.
+* ``converted``      -- keys rewritten; ``reshaped`` -- a one-vector amax re-formed flat <-> broadcast;
+* ``ambiguous``      -- (flat optimizer dicts only) a key suffix matches more than one key.
 
 Splitting a grouped tensor (``split_grouped_tensor``): ``shape[0] == N`` -> unbind along dim 0;
 else ``shape[0] % N == 0`` -> N equal chunks along dim 0 (packed); else ``ValueError`` naming the
@@ -37,7 +38,7 @@ from typing import MutableMapping
 
 import torch
 
-ACTIONS = ("converted", "reshaped", "target_present", "absent", "incomplete")
+ACTIONS = ("converted", "reshaped", "target_present", "absent", "incomplete", "ambiguous")
 NAMINGS = ("list", "suffix")
 
 UPSTREAM_KEYS: tuple[tuple[str, str, str], ...] = (
@@ -130,6 +131,90 @@ def grouped_to_indexed(sd: StateDict, prefix: str, param: str, n: int) -> str:
     for k, p in zip(keys, pieces):
         sd[k] = p
     return "converted"
+
+
+def remapped_params(module: object) -> tuple[str, ...]:
+    """Parameters the grouped-key normalisation touches: ``weight``, and ``bias`` only when the
+    module uses a bias (``use_bias``).  A bias-free module leaves any ``bias`` / ``bias{i}`` keys of
+    a checkpoint alone, so the load reports them as unexpected instead of inventing entries."""
+    return ("weight", "bias") if getattr(module, "use_bias", False) else ("weight",)
+
+
+def flat_split_blocked(indexed_found: dict[int, str], n: int) -> bool:
+    """Optimizer-side early return of a split: *any* indexed key present blocks it (upstream rule)."""
+    return bool(indexed_found)
+
+
+def _ends_with(key: str, suffix: str) -> bool:
+    return key == suffix or key.endswith("." + suffix)
+
+
+def normalize_flat_grouped_params(flat: StateDict, root: "torch.nn.Module") -> dict[str, str]:
+    """Optimizer-side normalisation of a *flat* parameter dict (main params loaded from a
+    checkpoint by name) to the grouped/indexed layout of every grouped module under ``root``.
+
+    Modelled on Megatron's ``DistributedOptimizer._normalize_state_dict_for_grouped_params`` (the
+    model's load pre-hook does not run on that path).  Keys may carry wrapper prefixes: a module
+    named ``module.decoder.experts.linear_fc1`` (leading ``module.`` stripped) matches any key
+    ending in ``decoder.experts.linear_fc1.weight`` at a ``.`` boundary (upstream matches by bare
+    suffix; the two agree unless one module path is a suffix of another's).  Per parameter of
+    ``remapped_params(module)``:
+
+    * single-grouped module: stack only when no grouped key and all N indexed keys (each matched
+      exactly once) are present; the grouped key keeps the indexed keys' wrapper prefix;
+    * indexed module: split (``split_grouped_tensor``) only when exactly one grouped key and *no*
+      indexed key are present (``flat_split_blocked``).
+
+    Returns ``{"{module}/{param}": action}`` with the ``ACTIONS`` vocabulary, in place on ``flat``.
+    """
+    actions: dict[str, str] = {}
+    for name, module in root.named_modules():
+        if not hasattr(module, "num_gemms") or not hasattr(module, "single_grouped_weight"):
+            continue
+        clean = name
+        while clean.startswith("module."):
+            clean = clean[len("module."):]
+        n = module.num_gemms
+        for param in remapped_params(module):
+            grouped_suffix = f"{clean}.{param}" if clean else param
+            indexed_suffixes = [f"{grouped_suffix}{i}" for i in range(n)]
+            grouped = [k for k in flat if _ends_with(k, grouped_suffix)]
+            found: dict[int, str] = {}
+            for i, suffix in enumerate(indexed_suffixes):
+                matches = [k for k in flat if _ends_with(k, suffix)]
+                if len(matches) == 1:
+                    found[i] = matches[0]
+            tag = f"{clean}/{param}"
+            if module.single_grouped_weight:
+                if grouped:
+                    actions[tag] = "target_present"
+                    continue
+                if len(found) != n:
+                    actions[tag] = "incomplete" if found else "absent"
+                    continue
+                keys = [found[i] for i in range(n)]
+                parts = [flat[k] for k in keys]
+                _check_same(keys, parts)
+                head = keys[0][: len(keys[0]) - len(indexed_suffixes[0])]
+                for k in keys:
+                    del flat[k]
+                flat[head + grouped_suffix] = torch.stack(parts, dim=0)
+                actions[tag] = "converted"
+            else:
+                if flat_split_blocked(found, n):
+                    actions[tag] = "target_present"
+                    continue
+                if len(grouped) != 1:
+                    actions[tag] = "absent" if not grouped else "ambiguous"
+                    continue
+                key = grouped[0]
+                pieces = split_grouped_tensor(key, flat[key], n)
+                head = key[: len(key) - len(grouped_suffix)]
+                del flat[key]
+                for suffix, piece in zip(indexed_suffixes, pieces):
+                    flat[head + suffix] = piece
+                actions[tag] = "converted"
+    return actions
 
 
 def n_quantizer_keys(prefix: str, n: int, *, quantizer: str = "weight_quantizer", naming: str = "suffix", buffer: str = "_amax") -> list[str]:

@@ -1,5 +1,8 @@
 """Run every mutant through a suite's generated cases; report which check killed it, on which case.
 
+Backend mutants (``mutants.build_mutants``) hunt on the generated cases; the state-dict hook
+mutants (``hook_mutants.HOOK_MUTANTS``) on the MoE state-dict rows.
+
 A mutant is *killed* when any check fails on any case of the suite (cases in suite order, checks in
 ``SELFTEST_CHECKS`` order; the first failure is reported).  The unmutated *controls* (built-in
 backends) must pass every check on the same cases; otherwise the kills prove nothing.
@@ -121,16 +124,21 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
                  case_ids: Optional[Iterable[str]] = None, controls: Optional[Sequence[str]] = None,
                  progress: bool = False) -> SelftestResult:
     """Run the mutants (all, or those named) and the controls over ``suite``'s cases."""
+    from .hook_mutants import HOOK_MUTANTS, run_hook_mutants
+
     cases = suite_cases(suite)
     if case_ids:
         cases = tuple(parse_case(c) for c in case_ids)
     chosen = build_mutants()
+    hook_names: set[str] | None = None
     if mutants is not None:
         names = set(mutants)
-        unknown = names - {m.name for m in chosen}
+        known = [m.name for m in chosen] + [m.name for m in HOOK_MUTANTS]
+        unknown = names - set(known)
         if unknown:
-            raise ValueError(f"unknown mutant(s) {sorted(unknown)}; known: {[m.name for m in chosen]}")
+            raise ValueError(f"unknown mutant(s) {sorted(unknown)}; known: {known}")
         chosen = [m for m in chosen if m.name in names]
+        hook_names = names
     cache = _InputCache(seed)
     outcomes = []
     for m in chosen:
@@ -139,5 +147,10 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
         if progress:
             verdict = f"killed by {out.check} on {out.case_id}" if out.killed else "SURVIVED"
             print(f"  {m.name:30} {verdict}  ({out.cases_tried} cases, {out.seconds:.1f} s)", flush=True)
+    for out in run_hook_mutants(seed, hook_names):
+        outcomes.append(out)
+        if progress:
+            verdict = f"killed by {out.check}" if out.killed else "SURVIVED"
+            print(f"  {out.name:30} {verdict}  ({out.cases_tried} state-dict rows, {out.seconds:.1f} s)", flush=True)
     ctl = tuple(run_control(s, cases, cache) for s in (CONTROLS_BY_SUITE.get(suite, ("reference",)) if controls is None else controls))
     return SelftestResult(suite, seed, tuple(outcomes), ctl)
