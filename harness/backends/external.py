@@ -1,13 +1,18 @@
 """Load an outside backend from ``package.module:object`` (dotted attributes allowed after the colon).
 
 The object is used as is when it meets the contract; a class or a zero-argument factory is called
-first.  Every failure raises ``BackendLoadError`` with a message saying what to fix.
+first.  Every failure raises ``BackendLoadError`` with a message saying what to fix.  The current
+directory is importable (as with ``python -m``, and as ``uvicorn``/``gunicorn`` do for their app
+specs), so the ``moe-fq-parity run --backend my_kernel:Obj`` repro of a failing test works from the
+project directory where the test ran.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 
 from moe_fq_parity.harness.core.contract import ContractError, check_backend
 
@@ -21,6 +26,9 @@ def load_external(spec: str) -> object:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise BackendLoadError(f"backend spec {spec!r} is not 'package.module:object' (nor a built-in name)")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is reported with its cause

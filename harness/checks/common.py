@@ -153,7 +153,8 @@ def mismatch_message(fields: dict[str, Any], numel: int) -> str:
     c = fields["counts"]
     bad = numel - c["exact"]
     if not bad:
-        return ""
+        zeros = fields.get("signed_zero", 0)
+        return f"{zeros} of {numel} elements differ in the sign of zero (+0 vs -0; strict mode compares bits)" if zeros else ""
     experts = [s.expert for s in fields["per_expert"] if s.counts["exact"] != s.numel]
     parts = [f"{k} {c[k]}" for k in CLASSES[1:] if c[k]]
     msg = f"{bad} of {numel} elements differ ({', '.join(parts)}; max {fields['max_ulp']} ULP) in experts {experts[:12]}{'...' if len(experts) > 12 else ''}"

@@ -1,6 +1,21 @@
 """pytest plugin: the parity checks as parametrized tests, and ``--parity-report DIR``.
 
-Enable with ``pytest_plugins = ["harness.run.pytest_plugin"]`` in the root ``conftest.py``.
+Installing the ``moe-fq-parity`` distribution registers this module through its ``pytest11`` entry
+point: in any project, the options, markers and fixtures below are there with no configuration.
+To check your own kernel (a backend object meeting ``harness.core.contract``):
+
+* no line of code: ``python -m pytest --pyargs moe_fq_parity.harness.run.parity_test --parity-backend pkg.mod:obj``;
+* one line, in one of your test files: ``from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401``,
+  then ``python -m pytest --parity-backend pkg.mod:obj [--parity-suite smoke] [--parity-report DIR]``.
+
+A failing check fails its test with the offender table (first mismatching elements: where, input,
+expected, got, ULP, class) and the one-line ``moe-fq-parity run ...`` command that reruns it.
+
+Options (group ``parity``; each also from the environment ``PARITY_*``): ``--parity-backend``
+(name or ``pkg.mod:obj``, repeatable), ``--parity-suite``, ``--parity-report DIR``,
+``--parity-seed``, ``--parity-mode``, ``--parity-timeout``.  Markers: ``parity`` (set on every
+parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``, ``parity_backend``,
+``parity_loaded_backend``, ``parity_check``, ``parity_record``, ``parity_settings``.
 
 * Tests that take the ``parity_case`` fixture are parametrized over the catalogue with case ids as
   test ids; ``parity_backend`` over the backends.  Cases outside the ``ci`` suite carry ``slow`` (and
@@ -35,6 +50,7 @@ from moe_fq_parity.harness.core.tolerances import VERDICT_MODES
 
 ENV_PREFIX = "PARITY_"
 MARKERS = {
+    "parity": "a parity check of a backend against the reference (set by the plugin on tests using parity_case)",
     "slow": "large shapes (Ultra, N=128) and long runs",
     "gpu": "needs a CUDA device; skipped with a reason without one",
     "fuzz": "Hypothesis fuzzing (profile via --hypothesis-profile / HYPOTHESIS_PROFILE)",
@@ -144,7 +160,8 @@ def _collected_cases(settings: ParitySettings) -> list[tuple[Any, tuple[str, ...
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = metafunc.config.stash[SETTINGS]
     if "parity_case" in metafunc.fixturenames:
-        params = [pytest.param(c, id=c.id, marks=[getattr(pytest.mark, m) for m in ms]) for c, ms in _collected_cases(settings)]
+        params = [pytest.param(c, id=c.id, marks=[pytest.mark.parity, *(getattr(pytest.mark, m) for m in ms)])
+                  for c, ms in _collected_cases(settings)]
         metafunc.parametrize("parity_case", params)
     if "parity_backend" in metafunc.fixturenames:
         metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends), scope="session")
@@ -335,16 +352,31 @@ def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_rec
     return run
 
 
+OFFENDER_COLUMNS = ("expert", "row", "col", "input", "expected", "got", "pre_round", "ulp", "cls")
+
+
+def offender_table(offenders, limit: int = 10) -> list[str]:
+    """The first ``limit`` offenders as aligned text rows under a header (values as Python reprs,
+    so a bf16 value prints exactly)."""
+    rows = [OFFENDER_COLUMNS] + [tuple("-" if getattr(o, c) is None else repr(getattr(o, c)) if isinstance(getattr(o, c), float)
+                                       else str(getattr(o, c)) for c in OFFENDER_COLUMNS) for o in list(offenders)[:limit]]
+    widths = [max(len(r[k]) for r in rows) for k in range(len(OFFENDER_COLUMNS))]
+    return ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+
+
 def assert_record(rec) -> None:
-    """Skip on a ``skip`` record, fail with the message and repro on a ``fail`` record."""
+    """Skip on a ``skip`` record; fail on a ``fail`` record with its message, the offender table
+    and the repro command."""
     if rec.verdict == "skip":
         pytest.skip(rec.message)
     if rec.outcome == "oom":
         pytest.fail(f"{rec.check} ran out of memory for {rec.case_id} on {rec.backend}: {rec.message}\n  repro: {rec.repro}", pytrace=False)
     if rec.verdict == "fail":
         lines = [f"{rec.check} failed for {rec.case_id} on {rec.backend}: {rec.message}"]
-        lines += [f"  offender {o}" for o in rec.offenders[:5]]
-        lines.append(f"  repro: {rec.repro}")
+        if rec.offenders:
+            lines.append(f"first {min(len(rec.offenders), 10)} offenders:")
+            lines += ["  " + ln for ln in offender_table(rec.offenders)]
+        lines.append(f"repro: {rec.repro}")
         pytest.fail("\n".join(lines), pytrace=False)
 
 
