@@ -36,20 +36,76 @@ def _summary(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return [{"name": k, "pass": table[k]["pass"], "fail": table[k]["fail"], "skip": table[k]["skip"]} for k in order if k in table]
 
 
+def _skip_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Skipped records folded by (backend, reason): one entry per reason with its count and case ids,
+    largest first."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["backend"], r["message"] or "no reason given")].append(r)
+    return [{"backend": b, "reason": why, "count": len(rs), "records": sorted(rs, key=lambda r: r["case_id"])}
+            for (b, why), rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
+def _section_skip_groups(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """A section's skipped rows folded by reason, largest first."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in section["rows"]:
+        if row["verdict"] == "skip":
+            groups[row.get("message") or "no reason given"].append(row)
+    return [{"reason": why, "count": len(rows), "rows": rows} for why, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
 def _check_tables(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per check: failing rows (shown), passing rows (folded), skipped rows folded per reason."""
     by_check: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_check[r["check"]].append(r)
     anchored: set[str] = set()
     tables = []
     for check in CHECKS:
-        rows = sorted(by_check.get(check, []), key=lambda r: (_ORDER[r["verdict"]], r["case_id"], r["backend"]))
-        for r in rows:
+        rows = by_check.get(check, [])
+        if not rows:
+            continue
+        key = lambda r: (r["case_id"], r["backend"])  # noqa: E731
+        failing = sorted((r for r in rows if r["verdict"] == "fail"), key=key)
+        passing = sorted((r for r in rows if r["verdict"] == "pass"), key=key)
+        for r in failing + passing:
             r["_anchor"] = r["case_id"] not in anchored
             anchored.add(r["case_id"])
-        if rows:
-            tables.append({"check": check, "shown": [r for r in rows if r["verdict"] != "pass"], "passing": [r for r in rows if r["verdict"] == "pass"]})
+        skipped = [r for r in rows if r["verdict"] == "skip"]
+        tables.append({"check": check, "failing": failing, "passing": passing, "skip_groups": _skip_groups(skipped), "skipped": len(skipped)})
     return tables
+
+
+MAX_NOT_CHECKED = 12
+"""Lines of the summary's "not checked" list shown before the rest is folded."""
+
+
+def _not_checked(report: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """What this report did not check and why, largest first: backends that could not run, checks
+    not run, skipped records per (check, backend, reason), skipped section rows."""
+    meta = report["meta"]
+    lines = [f"backend {b['spec']} did not run: {b['reason'] or 'unavailable'}" for b in meta.get("backends", []) if not b.get("available", True)]
+    ran = set(meta.get("checks") or [])
+    if ran:
+        for check in CHECKS:
+            if check not in ran:
+                why = "not timed: timing is off on CPU unless --perf" if check == "perf" else "not requested (--checks)"
+                lines.append(f"check {check}: {why}")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["verdict"] == "skip":
+            groups[(r["backend"], r["message"] or "no reason given")].append(r)
+    for (backend, why), rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        checks = [c for c in CHECKS if any(r["check"] == c for r in rs)]
+        n_cases = len({r["case_id"] for r in rs})
+        lines.append(f"{len(rs)} record{'s' if len(rs) != 1 else ''} on {backend} ({n_cases} case{'s' if n_cases != 1 else ''}; "
+                     f"{', '.join(checks)}): {why}")
+    for sec in report.get("sections", []):
+        reasons = Counter(row.get("message") or "no reason given" for row in sec["rows"] if row["verdict"] == "skip")
+        for why, n in reasons.most_common():
+            lines.append(f"section {sec['name']}: {n} row{'s' if n != 1 else ''} skipped: {why}")
+    return lines
 
 
 def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], str | None]:
@@ -108,11 +164,14 @@ def render_html(report: dict[str, Any]) -> str:
         by_format=_summary(records, "fmt"),
         by_backend=_summary(records, "backend"),
         tables=_check_tables(records),
+        not_checked=_not_checked(report, records),
+        max_not_checked=MAX_NOT_CHECKED,
         histograms=pics,
         aggregate_png=aggregate,
         bandwidth_png=_bandwidth(records, report["meta"].get("copy_gbps")),
         hist_labels=hist_labels(),
         sections=report["sections"],
+        section_skips={sec["name"]: _section_skip_groups(sec) for sec in report["sections"]},
         baseline=report.get("baseline"),
         memory_line=_largest_peak(records),
     )

@@ -1,0 +1,81 @@
+"""The HTML report reads top down: failures first, then passes, skips folded per reason, and a
+summary of what was not checked and why."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from moe_fq_parity.reports.html import render_html
+from moe_fq_parity.reports.render import find_browser, screenshot
+from moe_fq_parity.reports.schema import SCHEMA_VERSION
+from moe_fq_parity.reports.writer import write_report
+
+NOT_IMPL = "triton kernel does not implement int8 variant 'step'"
+RAGGED = "layout invariant needs experts of one shape"
+
+
+def _rec(case: str, verdict: str, message: str = "", check: str = "forward", backend: str = "triton") -> dict:
+    return {"key": f"{case}|{backend}|{check}", "case_id": case, "backend": backend, "check": check, "verdict": verdict, "fmt": "int8", "n": 4,
+            "numel": 100, "mode": "strict", "message": message, "max_ulp": 0 if verdict != "fail" else 9,
+            "counts": {"exact": 100 if verdict != "fail" else 90, "ulp1": 0, "tie_flip": 0, "error": 0 if verdict != "fail" else 10},
+            "histogram": [], "per_expert": [], "offenders": [], "perf": None, "repro": f"moe-fq-parity run --case {case}", "duration_s": 0.0}
+
+
+def _report() -> dict:
+    records = [_rec(f"int8.cuda/c{k}", "pass") for k in range(3)]
+    records += [_rec(f"int8.cuda/f{k}", "fail", "10 of 100 elements differ") for k in range(2)]
+    records += [_rec(f"int8.step/s{k}", "skip", NOT_IMPL) for k in range(5)]
+    records += [_rec(f"int8.cuda/r{k}", "skip", RAGGED, check="invariant.layout") for k in range(2)]
+    meta = {"git_commit": None, "torch": "t", "triton": None, "python": "3", "device": "cpu", "copy_gbps": None, "suite": "ci", "seed": 1,
+            "mode": "strict", "started": "now", "finished": "later", "source": "cli", "checks": ["forward", "invariant.layout"],
+            "backends": [{"spec": "triton", "name": "triton", "available": True, "reason": ""},
+                         {"spec": "te", "name": "te", "available": False, "reason": "Transformer Engine needs a CUDA GPU"}]}
+    return {"schema_version": SCHEMA_VERSION, "complete": True, "error": None, "meta": meta, "records": records, "sections": [
+        {"name": "moe", "title": "MoE", "verdict": "pass", "columns": [], "notes": "",
+         "rows": [{"id": "moe/x", "verdict": "skip", "message": "device cpu is not CUDA"}]}], "baseline": None}
+
+
+def _text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_failures_first_then_passes_then_one_line_per_skip_reason():
+    html = render_html(_report())
+    fwd = html[html.index('id="check-forward"'):html.index('id="check-invariant.layout"')]
+    assert "(2 failed, 3 passed, 5 skipped)" in fwd
+    first_fail, passes, skips = fwd.index("int8.cuda/f0"), fwd.index("3 passing rows"), fwd.index("5 skipped</span>")
+    assert first_fail < passes < skips
+    assert '<tr class="skip"' not in html  # no skipped record is a table row
+    assert _text(fwd).count(NOT_IMPL.replace("'", "&#39;")) == 1  # five skips, one counted line
+    group = fwd[fwd.rindex("<details", 0, skips):]
+    assert group.startswith('<details class="skipgroup">') and all(f"int8.step/s{k}" in group for k in range(5))
+
+
+def test_summary_says_what_was_not_checked_and_why():
+    html = render_html(_report())
+    summary = _text(html[html.index('id="not-checked"'):html.index("ULP histograms")])
+    assert "backend te did not run: Transformer Engine needs a CUDA GPU" in summary
+    assert "check perf: not timed: timing is off on CPU unless --perf" in summary
+    assert "check backward.clipped: not requested (--checks)" in summary
+    assert f"5 records on triton (5 cases; forward): {NOT_IMPL}".replace("'", "&#39;") in summary
+    assert f"2 records on triton (2 cases; invariant.layout): {RAGGED}" in summary
+    assert "section moe: 1 row skipped: device cpu is not CUDA" in summary
+    assert summary.index("5 records") < summary.index("2 records")  # largest first
+
+
+def test_everything_checked_says_so():
+    rep = _report()
+    rep["records"] = [r for r in rep["records"] if r["verdict"] != "skip"]
+    rep["meta"]["backends"] = rep["meta"]["backends"][:1]
+    rep["meta"]["checks"] = []
+    rep["sections"] = []
+    assert "Everything selected was checked" in render_html(rep)
+
+
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium here (apt-get install -y chromium)")
+def test_report_with_failures_and_folded_skips_renders_in_headless_chromium(tmp_path):
+    _, html_path = write_report(tmp_path, _report())
+    shot = screenshot(html_path, tmp_path / "shot.png", height=1400)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
