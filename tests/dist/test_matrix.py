@@ -84,8 +84,8 @@ def test_local_index_writer_is_caught(gloo_run, layout):
 def test_forgotten_global_amax_sync_is_caught(gloo_run, layout):
     """Negative control: a TP sync that skips ``_global_amax`` is caught by the invariance check."""
     rows = gloo_run.rows(f"negative/no_global_amax_sync/{layout.id}/")
-    _all_pass(rows, 1)
-    assert "_global_amax" in rows[0].message
+    _all_pass(rows, sum(any(b.name == "_global_amax" for b in f.buffers) for f in QUANT_FORMATS.values()))
+    assert all("_global_amax" in r.message for r in rows)
 
 
 def test_silent_payload_bitflip_is_caught(gloo_run):
@@ -106,3 +106,33 @@ def test_bad_input_refused(gloo_run, kind):
 def test_bad_kinds_listed_here_are_all_built(gloo_run):
     """The kinds above are exactly the ones the run built (a new kind gets a test)."""
     assert {r.id.split("/")[1] for r in gloo_run.rows("bad_input/")} == set(BAD_KINDS)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.id)
+def test_per_expert_formats_keep_per_expert_granularity(gloo_run, layout):
+    """After the sync steps every per-expert format's scales are each expert's own."""
+    per_expert = [q for q, f in QUANT_FORMATS.items() if f.experts == "per_expert"]
+    _all_pass(gloo_run.rows(f"granularity/{layout.id}/"), len(per_expert))
+
+
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.ep > 1], ids=lambda lay: lay.id)
+def test_shared_expert_amax_needs_the_ep_sync(gloo_run, layout):
+    """Shared-expert formats: leaving out the EP sync, or its ``_global_amax`` part, is caught."""
+    shared = [q for q, f in QUANT_FORMATS.items() if f.experts == "shared"]
+    with_global = [q for q in shared if any(b.name == "_global_amax" for b in QUANT_FORMATS[q].buffers)]
+    _all_pass(gloo_run.rows(f"negative/no_ep_sync/{layout.id}/"), len(shared))
+    rows = gloo_run.rows(f"negative/no_ep_global_amax_sync/{layout.id}/")
+    _all_pass(rows, len(with_global))
+    assert all("_global_amax" in r.message for r in rows)
+
+
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.ep > 1], ids=lambda lay: lay.id)
+def test_ep_sync_on_per_expert_state_is_reported_with_expert_indices(gloo_run, layout):
+    """The cross-change hazard: an EP all-reduce over per-expert quantizers is a per-expert
+    granularity violation naming the experts whose scales it changed."""
+    per_expert = [q for q, f in QUANT_FORMATS.items() if f.experts == "per_expert"]
+    rows = gloo_run.rows(f"hazard/ep_sync_on_per_expert/{layout.id}/")
+    _all_pass(rows, len(per_expert))
+    for r in rows:
+        assert "per-expert granularity violation" in r.message and "experts [" in r.message, r.message
+        assert r.fields["experts_changed"], r.fields

@@ -4,9 +4,11 @@ Both jobs do many checkpoints per process start (starting ranks costs seconds; a
 costs a tenth of one).  They return plain data for ``torch.load(weights_only=True)``:
 
 * ``save_job`` -- builds this rank's experts, calibrates each format locally, runs the TP sync
-  step (and, as a negative control for NVFP4, a sync that skips ``_global_amax``), reports the
-  synced quantization parameters and fake-quantized weights, then saves every requested
-  checkpoint;
+  step and, for shared-expert formats, the EP sync step; reports the synced quantization
+  parameters and fake-quantized weights, then saves every requested checkpoint.  Also reported,
+  for the negative controls: a TP sync that skips ``_global_amax`` (TP > 1), shared formats
+  without EP sync or without its ``_global_amax`` part, and per-expert formats *with* the EP
+  sync (EP > 1);
 * ``load_job`` -- for every requested checkpoint, builds the target layout's templates, loads
   through ``engines.load_checked`` and reports each loaded key's local tensor with its offsets
   and the fake-quantized local weights, or the error (class and message) when the load failed.
@@ -23,12 +25,19 @@ import torch
 from .engines import ENGINES, load_checked
 from .launch import RankContext
 from .model import FCS, MoEConfig, local_weights
-from .quant import calibrate, fake_quant_local, quant_format, quant_params, sync_tp
+from .quant import calibrate, fake_quant_local, quant_format, quant_params, sync_ep, sync_tp
 from .safe_io import CheckpointError
 from .shards import LocalState, expected_entries, field_dtypes, from_loaded, key_plan, template_specs, to_specs
 
 NO_GLOBAL_SYNC = "no_global_sync"
 """Key of the negative-control calibration (sync forgets ``_global_amax``) in a save result."""
+NO_EP_SYNC = "no_ep_sync"
+"""Shared-expert formats under EP > 1: the EP sync step left out entirely (negative control)."""
+NO_EP_GLOBAL_SYNC = "no_ep_global_amax_sync"
+"""Shared-expert NVFP4 under EP > 1: the EP sync of ``_amax`` without ``_global_amax`` (the state
+before Model-Optimizer's TP/EP global-amax fix; negative control)."""
+EP_SYNC_ON_PER_EXPERT = "ep_sync_on_per_expert"
+"""Per-expert formats under EP > 1: the EP all-reduce applied anyway (the cross-change hazard)."""
 
 
 @dataclass(frozen=True)
@@ -70,21 +79,33 @@ def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def save_job(ctx: RankContext, p: SavePayload) -> dict:
     """Calibrate, sync, report and save (see the module docstring)."""
     w = {fc: local_weights(p.cfg, p.seed, ctx.layout, ctx.coords, fc).to(ctx.device) for fc in FCS}
-    tp_group = ctx.group("tp")
+    tp_group, ep_group = ctx.group("tp"), ctx.group("ep")
     calib: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     states: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+
+    def run_sync(qf, *, tp_skip=frozenset(), ep: bool, ep_skip=frozenset()) -> dict[str, dict[str, torch.Tensor]]:
+        st = {fc: calibrate(w[fc], qf) for fc in FCS}
+        for fc in FCS:
+            sync_tp(st[fc], fc, qf, tp_group, skip=tp_skip)
+            if ep:
+                sync_ep(st[fc], qf, ep_group, skip=ep_skip)
+        return st
+
     for qf_id in p.qf_ids:
         qf = quant_format(qf_id)
-        synced = {fc: calibrate(w[fc], qf) for fc in FCS}
-        for fc in FCS:
-            sync_tp(synced[fc], fc, qf, tp_group)
+        shared = qf.experts == "shared"
+        synced = run_sync(qf, ep=shared)
         states[qf_id] = synced
         calib[qf_id] = {"synced": _cpu(quant_params(w, synced, qf))}
-        if any(b.name == "_global_amax" for b in qf.buffers):
-            buggy = {fc: calibrate(w[fc], qf) for fc in FCS}
-            for fc in FCS:
-                sync_tp(buggy[fc], fc, qf, tp_group, skip=frozenset({"_global_amax"}))
-            calib[qf_id][NO_GLOBAL_SYNC] = _cpu(quant_params(w, buggy, qf))
+        has_global = any(b.name == "_global_amax" for b in qf.buffers)
+        if has_global and ctx.layout.tp > 1:
+            calib[qf_id][NO_GLOBAL_SYNC] = _cpu(quant_params(w, run_sync(qf, tp_skip=frozenset({"_global_amax"}), ep=shared), qf))
+        if ctx.layout.ep > 1 and shared:
+            calib[qf_id][NO_EP_SYNC] = _cpu(quant_params(w, run_sync(qf, ep=False), qf))
+            if has_global:
+                calib[qf_id][NO_EP_GLOBAL_SYNC] = _cpu(quant_params(w, run_sync(qf, ep=True, ep_skip=frozenset({"_global_amax"})), qf))
+        if ctx.layout.ep > 1 and not shared:
+            calib[qf_id][EP_SYNC_ON_PER_EXPERT] = _cpu(quant_params(w, run_sync(qf, ep=True), qf))
     engine = ENGINES[p.engine]
     for task in p.tasks:
         qf = quant_format(task.qf_id)

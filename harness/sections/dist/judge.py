@@ -7,6 +7,8 @@
   resharded correctly), ``state:`` the rank's canonical experts against the truth (every expert's
   amax and weight sits where Megatron's rule says), ``fq:`` the ranks' fake-quantized weights
   against the fake quant of the single-process copy;
+* ``granularity_verdict`` -- every expert's scales are its own (per-expert granularity), else
+  the experts whose scales changed, by buffer;
 * ``bad_input_verdict`` -- every rank refused the checkpoint with the expected error class and a
   message naming the key and both shapes.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+
+from moe_fq_parity.harness.core.ulp import bits_equal
 
 from .checks import TensorDiff, Verdict, assemble, canonical_pieces, diff_bits, missing, verdict_from_diffs
 from .layout import Coords, Layout
@@ -56,6 +60,46 @@ def invariance_verdict(
     reports = [(Coords(*r["coords"]), r["calib"][qf_id][which]) for r in ranks]
     diffs = canonical_diffs("", reports, truth.params[qf_id], layout, qf, truth.cfg.num_experts)
     return verdict_from_diffs(check_id, fields, diffs)
+
+
+def changed_experts(expected: torch.Tensor, got: torch.Tensor) -> list[int]:
+    """Indices along dim 0 (experts) where any element's bits differ (or the shapes differ: all)."""
+    if expected.shape != got.shape or expected.dtype != got.dtype:
+        return list(range(expected.shape[0]))
+    bad = ~bits_equal(expected.contiguous(), got.contiguous())
+    return [int(i) for i in torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1)).flatten()]
+
+
+def granularity_verdict(
+    check_id: str, fields: dict[str, Any], ranks: list[dict], qf_id: str, which: str, layout: Layout, truth: Truth
+) -> Verdict:
+    """Every expert's *scales* (the format's buffers) after ``which`` sync equal its own truth.
+
+    Fails as a **per-expert granularity violation** naming, per buffer, the experts whose scales
+    changed: what an EP all-reduce does to per-expert quantizers (local expert ``i`` of every EP
+    rank is merged into one value).
+    """
+    qf = quant_format(qf_id)
+    problems, changed_all = [], set()
+    for fc in FCS:
+        for b in qf.buffers:
+            name = f"{fc}/{b.name}"
+            pieces: list[tuple[tuple[int, ...], torch.Tensor]] = []
+            shape: tuple[int, ...] = ()
+            for r in ranks:
+                t = r["calib"][qf_id][which][name]
+                shape, offsets = canonical_pieces(t, field_tp_axis(fc, b.name, qf), layout, Coords(*r["coords"]), truth.cfg.num_experts)
+                pieces.append((offsets, t))
+            full, notes = assemble(pieces, shape, pieces[0][1].dtype)
+            changed = changed_experts(truth.params[qf_id][name], full)
+            changed_all.update(changed)
+            if changed or notes:
+                problems.append(f"{name}: experts {changed}" + (f" ({'; '.join(notes)})" if notes else ""))
+    fields = {**fields, "experts_changed": sorted(changed_all)}
+    if problems:
+        return Verdict(check_id, "fail", fields, f"per-expert granularity violation: scales changed for experts {sorted(changed_all)} "
+                       f"of {truth.cfg.num_experts}: " + " | ".join(problems))
+    return Verdict(check_id, "pass", fields, f"every expert's scales are its own ({len(FCS) * len(qf.buffers)} buffers)")
 
 
 def _rank_errors(results: list[dict]) -> list[str]:

@@ -34,13 +34,13 @@ import torch
 from .bad_inputs import BadCase, flip_payload_bit, make_bad_cases
 from .checks import Verdict, negative_control
 from .engines import ENGINES
-from .jobs import NO_GLOBAL_SYNC, CkptTask, LoadPayload, SavePayload, load_job, save_job
-from .judge import bad_input_verdict, invariance_verdict, roundtrip_verdict
+from .jobs import EP_SYNC_ON_PER_EXPERT, NO_EP_GLOBAL_SYNC, NO_EP_SYNC, NO_GLOBAL_SYNC, CkptTask, LoadPayload, SavePayload, load_job, save_job
+from .judge import bad_input_verdict, granularity_verdict, invariance_verdict, roundtrip_verdict
 from .launch import DEFAULT_TIMEOUT_S, RankFailure, RankTimeout, run_ranks
 from .layout import Coords, Layout
 from .model import MoEConfig
 from .oracle import Truth, build_truth, content_verdict, truth_entries
-from .quant import QUANT_FORMATS
+from .quant import QUANT_FORMATS, quant_format
 from .safe_io import CheckpointError, load_full
 from .shards import QLAYOUTS
 
@@ -132,9 +132,22 @@ def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: li
     for qf in plan.qf_ids:
         fields = {"save": lay.id, "format": qf, "engine": plan.engine}
         out.append(invariance_verdict(f"invariance/{lay.id}/{qf}", fields, ranks, qf, "synced", lay, truth))
-        if plan.negative_controls and lay.tp > 1 and NO_GLOBAL_SYNC in ranks[0]["calib"][qf]:
+        if quant_format(qf).experts == "per_expert":
+            out.append(granularity_verdict(f"granularity/{lay.id}/{qf}", fields, ranks, qf, "synced", lay, truth))
+        if not plan.negative_controls:
+            continue
+        calib = ranks[0]["calib"][qf]
+        if NO_GLOBAL_SYNC in calib:
             inner = invariance_verdict(f"invariance/{lay.id}/{qf}/{NO_GLOBAL_SYNC}", fields, ranks, qf, NO_GLOBAL_SYNC, lay, truth)
             out.append(negative_control(f"negative/no_global_amax_sync/{lay.id}/{qf}", inner, "a TP sync that skips _global_amax"))
+        for which, what in ((NO_EP_SYNC, "shared expert amax without the EP sync"),
+                            (NO_EP_GLOBAL_SYNC, "an EP sync of shared expert amax that skips _global_amax")):
+            if which in calib:
+                inner = invariance_verdict(f"invariance/{lay.id}/{qf}/{which}", fields, ranks, qf, which, lay, truth)
+                out.append(negative_control(f"negative/{which}/{lay.id}/{qf}", inner, what))
+        if EP_SYNC_ON_PER_EXPERT in calib:
+            inner = granularity_verdict(f"granularity/{lay.id}/{qf}/{EP_SYNC_ON_PER_EXPERT}", fields, ranks, qf, EP_SYNC_ON_PER_EXPERT, lay, truth)
+            out.append(negative_control(f"hazard/{EP_SYNC_ON_PER_EXPERT}/{lay.id}/{qf}", inner, "an EP all-reduce of per-expert quantizer state"))
     return [_Saved(t, lay) for t in good + neg]
 
 

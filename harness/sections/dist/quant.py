@@ -8,7 +8,16 @@ format id                   buffers (per expert; ``[out, in]`` weight)          
 ``fp8_e4m3/per_expert``     ``_amax`` ``()``                                           ``fp8_e4m3``
 ``int8/per_channel``        ``_amax`` ``(out,)``                                       ``int8``
 ``nvfp4/static``            ``_amax`` ``(out, n_blocks)``, ``_global_amax`` ``()``       ``nvfp4`` ``modelopt_static``
+``fp8_e4m3/shared_experts`` as ``fp8_e4m3/per_expert``, one value for all experts      ``fp8_e4m3``
+``nvfp4/static_shared_experts`` as ``nvfp4/static``, one state for all experts         ``nvfp4`` ``modelopt_static``
 ==========================  =========================================================  ===========
+
+``*_shared_experts`` formats (``QuantFormat.experts == "shared"``, Megatron SequentialMLP with
+its weight amax synced across experts) take the max over the rank's local experts at
+calibration and then run the **EP sync step** (``sync_ep``: all-reduce MAX over the EP group of
+``_amax`` *and* ``_global_amax``).  Per-expert formats must never see the EP sync: local expert
+``i`` of every EP rank would be merged into one scale (``judge.granularity_verdict`` names the
+experts it changes).
 
 Every buffer is max calibration (``reference.max_calibrate``) of the weight over some of its
 dims (``REDUCES``).  Under tensor parallelism a rank sees only its slice, so a buffer that
@@ -55,14 +64,26 @@ class Buffer:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
 
 
+EXPERT_SCOPES: tuple[str, ...] = ("per_expert", "shared")
+"""``per_expert``: every expert has its own quantizer state (Model-Optimizer's per-expert grouped
+quantizers, plain per-expert modules).  ``shared``: all experts of a layer quantize with one state
+(Megatron SequentialMLP with weight amax synced across experts: the max over the rank's local
+experts, then an all-reduce MAX over the EP group); stored per expert, every copy equal."""
+
+
 @dataclass(frozen=True)
 class QuantFormat:
-    """A format as the checkpoint sees it: reference format, variant, buffers."""
+    """A format as the checkpoint sees it: reference format, variant, buffers, expert scope."""
 
     id: str
     fmt: str
     buffers: tuple[Buffer, ...]
     variant: Optional[str] = None
+    experts: str = "per_expert"
+
+    def __post_init__(self) -> None:
+        if self.experts not in EXPERT_SCOPES:
+            raise ValueError(f"experts must be one of {EXPERT_SCOPES}, got {self.experts!r}")
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -77,6 +98,9 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("fp8_e4m3/per_expert", "fp8_e4m3", (Buffer("_amax", "per_expert"),)),
         QuantFormat("int8/per_channel", "int8", (Buffer("_amax", "per_channel"),)),
         QuantFormat("nvfp4/static", "nvfp4", (Buffer("_amax", "per_block"), Buffer("_global_amax", "global")), "modelopt_static"),
+        QuantFormat("fp8_e4m3/shared_experts", "fp8_e4m3", (Buffer("_amax", "per_expert"),), experts="shared"),
+        QuantFormat("nvfp4/static_shared_experts", "nvfp4", (Buffer("_amax", "per_block"), Buffer("_global_amax", "global")),
+                    "modelopt_static", experts="shared"),
     )
 }
 
@@ -114,15 +138,43 @@ def needs_tp_sync(fc: str, granularity: str) -> bool:
     return TP_DIM[fc] in REDUCES[granularity]
 
 
-def calibrate(w: torch.Tensor, qf: QuantFormat) -> dict[str, torch.Tensor]:
-    """Local max calibration of ``[n, out, in]`` expert weights: ``{buffer name: [n, ...] fp32}``."""
+def calibrate(w: torch.Tensor, qf: QuantFormat, *, experts: Optional[str] = None) -> dict[str, torch.Tensor]:
+    """Local max calibration of ``[n, out, in]`` expert weights: ``{buffer name: [n, ...] fp32}``.
+
+    ``experts`` (default ``qf.experts``): ``shared`` replaces every expert's buffer by the max
+    over the ``n`` local experts (the within-rank sync; the EP part is ``sync_ep``).
+    """
     by_gran = {
         "per_expert": lambda: max_calibrate(w, "per_expert"),
         "global": lambda: max_calibrate(w, "per_expert"),
         "per_channel": lambda: max_calibrate(w, "per_channel"),
         "per_block": lambda: max_calibrate(w, "per_block"),
     }
-    return {b.name: by_gran[b.granularity]() for b in qf.buffers}
+    state = {b.name: by_gran[b.granularity]() for b in qf.buffers}
+    if (experts or qf.experts) == "shared":
+        state = {k: v.amax(dim=0, keepdim=True).expand_as(v).contiguous() for k, v in state.items()}
+    return state
+
+
+def sync_ep(
+    state: dict[str, torch.Tensor], qf: QuantFormat, group: Optional[dist.ProcessGroup], *, skip: frozenset[str] = frozenset()
+) -> None:
+    """The EP sync step (Megatron SequentialMLP, with ``_global_amax`` as Model-Optimizer's TP/EP
+    global-amax fix adds it): all-reduce MAX over the EP ``group`` of every buffer, in place.
+
+    Local expert ``i`` of one EP rank meets local expert ``i`` of every other rank, so this is
+    right only for ``shared`` state (every local copy already equal); applied to ``per_expert``
+    state it merges different experts' scales (``granularity_violations`` names them).
+    ``skip`` names buffers to leave unsynced (negative controls); ``group=None`` (EP=1) does nothing.
+    """
+    unknown = set(skip) - {b.name for b in qf.buffers}
+    if unknown:
+        raise ValueError(f"skip names buffers {sorted(unknown)} that {qf.id} does not have")
+    if group is None:
+        return
+    for b in qf.buffers:
+        if b.name not in skip:
+            dist.all_reduce(state[b.name], op=dist.ReduceOp.MAX, group=group)
 
 
 def sync_tp(
