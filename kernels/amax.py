@@ -8,8 +8,9 @@ buffer.  Granularities (as in ``reference/granularity.py``):
 * per channel ``[N, out]`` (``x.shape[:-1]`` when stacked): one value per output row.
 
 Non-fp32 float amax is converted to fp32 (exact for bf16/fp16).  An amax on another device than the
-weights is an error, not a silent copy.  Values (finite, >= 0) are checked on the device by
-``value_errors`` and reported after the launch, with the kernel's own flags, in a single sync.
+weights is an error, not a silent copy.  Values (finite, >= 0) are checked by the forward kernel
+itself (``kernels/checks.py``): the amax is read from its address on every launch, so an amax
+written in place between calls is always the one used and checked.
 """
 
 from __future__ import annotations
@@ -83,15 +84,13 @@ def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device
     )
 
 
-def value_errors(a: torch.Tensor) -> torch.Tensor:
-    """int32 ``[3]`` on ``a``'s device: any NaN, any infinite, any negative amax (no sync)."""
-    if a.numel() == 0:
-        return torch.zeros(3, dtype=torch.int32, device=a.device)
-    return torch.stack([torch.isnan(a).any(), torch.isinf(a).any(), (a < 0).any()]).to(torch.int32)
-
-
-def raise_value_errors(flags: list[int]) -> None:
-    """Raise ``ValueError`` for the first set flag of ``value_errors``."""
-    for bad, what in zip(flags, ("NaN", "infinite", "negative")):
-        if bad:
-            raise ValueError(f"amax is {what}; amax must be finite and >= 0")
+def amax_for_rows(amax: torch.Tensor, shapes, common: int | None, device: torch.device, *, nvfp4: bool) -> AmaxView:
+    """``amax_for_list`` for a cached table whose experts are ``(rows, cols)`` ``shapes`` (``common``:
+    their common row count, ``None`` if ragged): the usual amax shapes take no per-expert loop."""
+    n = len(shapes)
+    a = amax if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device else _as_fp32(amax, device)
+    if a.dim() == 1 and a.shape[0] == n:
+        return AmaxView(a, a.stride(0), 0, False)
+    if a.dim() == 2 and a.shape[0] == n and not nvfp4 and common == a.shape[1]:
+        return AmaxView(a, a.stride(0), a.stride(1), True)
+    return amax_for_list(amax, [r for r, _ in shapes], device, nvfp4=nvfp4)

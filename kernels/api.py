@@ -8,11 +8,18 @@
 * ``variants(fmt)``: the reference variants implemented (the default one).
 
 Each call is one kernel launch (none for empty input or pass-through backward) and returns
-exactly the bits of the reference default variant (``variant=None``).  ``check_values=True``
-validates amax values and, where the reference raises on input values (negative input to unsigned
-INT, NaN input to NVFP4), reads the kernel's flags: one device sync per call.  With
-``check_values=False`` there is no sync; bad values then give the outputs documented in
-``kernels/fwd_kernel.py`` instead of an error.
+exactly the bits of the reference default variant (``variant=None``).
+
+Checks (``check_values``, see ``kernels/checks.py``): the kernel itself checks amax values and,
+where the reference raises on input values (negative input to unsigned INT, NaN input to NVFP4),
+the input.  ``True`` (default) never blocks the host: on a CUDA device the ``ValueError`` is raised
+by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outputs are NaN;
+``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
+
+Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
+(``launch.table_for``), so a repeated call (same weights, new amax values or not) skips the
+per-expert validation and every host-to-device copy.  Shape/type errors are raised on the host as
+before, whenever the table is new.
 """
 
 from __future__ import annotations
@@ -21,12 +28,32 @@ from typing import Sequence
 
 import torch
 
-from . import env, launch
-from .amax import amax_for_list, amax_for_stacked
-from .formats import DEFAULT_VARIANTS, FMT_NVFP4, parse_spec
+from . import checks, env, launch
+from .amax import amax_for_list, amax_for_rows, amax_for_stacked
+from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
 
 STE_MODES = ("pass_through", "clipped")
+
+_SPECS: dict[tuple, QuantSpec] = {}
+
+
+def cached_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
+    """``parse_spec`` memoised on hashable arguments (options with unhashable values are parsed
+    every time, and rejected by ``parse_spec`` as before)."""
+    try:
+        key = (fmt, variant, tuple(sorted(options.items())))
+        spec = _SPECS.get(key)
+    except TypeError:
+        return parse_spec(fmt, variant, options)
+    if spec is None:
+        spec = _SPECS[key] = parse_spec(fmt, variant, options)
+    return spec
+
+
+def _require_list(weights, what: str) -> None:
+    if isinstance(weights, torch.Tensor):
+        raise TypeError(f"{what} must be a sequence of tensors (one per expert), got a single tensor")
 
 
 def variants(fmt: str) -> tuple[str, ...]:
@@ -35,47 +62,55 @@ def variants(fmt: str) -> tuple[str, ...]:
     return (DEFAULT_VARIANTS[fmt],)
 
 
-def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, *, check_values: bool = True, **options) -> torch.Tensor:
+def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, *, check_values: bool | str = True, **options) -> torch.Tensor:
     """Fake-quantize ``x`` (``[..., out, in]``, contiguous) with one kernel launch; output dtype = ``x.dtype``.
 
     * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``
       (NVFP4: the global amax, per tensor or per expert), on ``x``'s device.
     * ``variant``: ``None``/``"default"`` or the default's name; others raise ``ValueError``.
     * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size`` (16 only).
+    * ``check_values``: ``True`` (asynchronous checks), ``"sync"`` or ``False``; see the module docstring.
 
     Example: ``fake_quant(w, w.abs().amax(dim=(1, 2)).float(), "fp8_e4m3")`` for ``w`` ``[N, out, in]``.
     """
-    spec = parse_spec(fmt, variant, options)
+    spec = cached_spec(fmt, variant, options)
+    mode = checks.check_mode(check_values)
     check_stacked(x)
     a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4)
     env.require_kernel(x.device)
     out = torch.empty_like(x)
     if x.numel():
-        launch.fwd_stacked(x, out, a, spec, check=check_values)
+        launch.fwd_stacked(x, out, a, spec, check=mode)
     return out
 
 
 def fake_quant_experts(
-    weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, *, check_values: bool = True, **options
+    weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, *, check_values: bool | str = True, **options
 ) -> list[torch.Tensor]:
     """Fake-quantize N experts (each ``[..., in]``, contiguous, one dtype and device) in one launch.
 
     * ``amax``: ``[N]`` fp32 (per expert) or ``[N, out]`` (per channel; every expert ``[out, in]``).
     * Returns N tensors shaped like the inputs (views into one buffer, each 128-byte aligned).
     * ``N = 0`` returns ``[]``; zero-size experts return empty tensors.
+    * ``check_values``: ``True`` (asynchronous checks, no host sync), ``"sync"`` (raises in the
+      call, one device sync) or ``False``; see the module docstring.
     """
-    spec = parse_spec(fmt, variant, options)
+    spec = cached_spec(fmt, variant, options)
+    mode = checks.check_mode(check_values)
+    _require_list(weights, "weights")
     if len(weights) == 0:
         return []
-    check_expert_list(weights)
-    device = weights[0].device
-    env.require_kernel(device)
-    table = launch.expert_table(weights)
-    a = amax_for_list(amax, [r for r, _ in table.shapes], device, nvfp4=spec.code == FMT_NVFP4)
-    flat, outs = launch.alloc_outputs(table, weights[0].dtype, device)
-    if any(w.numel() for w in weights):
-        launch.fwd_list(table, weights, flat, a, spec, check=check_values)
+    table = launch.table_for(weights, validate=lambda: _validate_list(weights))
+    a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+    flat, outs = launch.alloc_outputs(table, weights[0].dtype, table.device)
+    if table.total or mode:
+        launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
+
+
+def _validate_list(weights: Sequence[torch.Tensor]) -> None:
+    _, device = check_expert_list(weights)
+    env.require_kernel(device)
 
 
 def _check_mode(mode: str) -> None:
@@ -111,10 +146,25 @@ def ste_backward_experts(
     No amax value checks (the forward checked the same amax; a NaN amax gives zero gradients).
     """
     _check_mode(mode)
+    _require_list(weights, "weights")
+    _require_list(grads, "grads")
     if len(grads) != len(weights):
         raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
     if len(weights) == 0:
         return []
+    if mode == "pass_through":
+        _validate_pairs(weights, grads, kernel=False)
+        amax_for_list(amax, [expert_matrix_shape(w)[0] for w in weights], weights[0].device, nvfp4=False)
+        return list(grads)
+    table = launch.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
+    a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
+    flat, outs = launch.alloc_outputs(table, grads[0].dtype, table.device)
+    if table.total:
+        launch.bwd_list(table, weights, grads, flat, a)
+    return outs
+
+
+def _validate_pairs(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kernel: bool = True) -> None:
     check_expert_list(weights)
     check_expert_list(grads, "grads")
     for i, (w, g) in enumerate(zip(weights, grads)):
@@ -122,13 +172,5 @@ def ste_backward_experts(
             raise ValueError(f"grads[{i}] shape {tuple(g.shape)} != weights[{i}] shape {tuple(w.shape)}")
     if grads[0].device != weights[0].device:
         raise ValueError(f"grads are on {grads[0].device} but weights are on {weights[0].device}")
-    rows = [expert_matrix_shape(w)[0] for w in weights]
-    a = amax_for_list(amax, rows, weights[0].device, nvfp4=False)
-    if mode == "pass_through":
-        return list(grads)
-    env.require_kernel(weights[0].device)
-    table = launch.expert_table(weights, grads)
-    flat, outs = launch.alloc_outputs(table, grads[0].dtype, grads[0].device)
-    if any(w.numel() for w in weights):
-        launch.bwd_list(table, weights, grads, flat, a)
-    return outs
+    if kernel:
+        env.require_kernel(weights[0].device)

@@ -4,6 +4,10 @@ Forward: the Triton kernel (one launch for all experts) or, with ``use_kernel=Fa
 reference loop (the module adapter's soft gate); both give the same bits.  Backward:
 ``pass_through`` returns the incoming gradients themselves (no launch, no copy); ``clipped`` zeroes
 where ``|w| > amax`` in one launch (or the reference loop).  amax gets no gradient.
+
+Both directions use the cached expert tables of ``launch.table_for`` and never synchronise with
+the device (value checks are the kernel's asynchronous ones, ``kernels/checks.py``), so a forward
++ backward can be captured in a CUDA graph once the tables exist (one eager step first).
 """
 
 from __future__ import annotations
@@ -12,11 +16,10 @@ from typing import Sequence
 
 import torch
 
-from . import launch
-from .amax import AmaxView, amax_for_list
-from .api import STE_MODES
-from .formats import FMT_NVFP4, parse_spec
-from .geometry import check_expert_list, expert_matrix_shape
+from . import checks, launch
+from .amax import amax_for_rows
+from .api import STE_MODES, _validate_list, _validate_pairs, cached_spec
+from .formats import FMT_NVFP4
 
 
 def _reference():
@@ -26,26 +29,25 @@ def _reference():
 
 
 class FakeQuantExpertsFn(torch.autograd.Function):
-    """``apply(amax, fmt, options, ste_mode, use_kernel, table, *weights) -> tuple of N outputs``.
+    """``apply(amax, fmt, options, ste_mode, use_kernel, check, *weights) -> tuple of N outputs``.
 
-    ``options`` is a dict of format options; ``table`` an optional cached ``launch.ExpertTable`` for
-    ``weights`` (the caller guarantees it matches; ``None`` builds one).
+    ``options`` is a dict of format options; ``check`` the kernel's ``check_values`` mode.
     """
 
     @staticmethod
-    def forward(ctx, amax, fmt, options, ste_mode, use_kernel, table, *weights):  # type: ignore[override]
+    def forward(ctx, amax, fmt, options, ste_mode, use_kernel, check, *weights):  # type: ignore[override]
         ctx.ste_mode = ste_mode
         ctx.use_kernel = use_kernel
         ctx.set_materialize_grads(False)  # unused outputs give None: no zero tensors, no work
         if ste_mode == "clipped":
             ctx.save_for_backward(amax, *weights)
         if use_kernel:
-            spec = parse_spec(fmt, None, options)
-            table = table or launch.expert_table(weights)
-            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
-            flat, outs = launch.alloc_outputs(table, weights[0].dtype, weights[0].device)
-            if table.total:
-                launch.fwd_list(table, weights, flat, view, spec, check=False)
+            spec = cached_spec(fmt, None, options)
+            table = launch.table_for(weights, validate=lambda: _validate_list(weights))
+            view = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+            flat, outs = launch.alloc_outputs(table, weights[0].dtype, table.device)
+            if table.total or check:
+                launch.fwd_list(table, weights, flat, view, spec, check=check)
             return tuple(outs)
         return tuple(_reference().fake_quant_experts(list(weights), amax, fmt, **options))
 
@@ -59,9 +61,12 @@ class FakeQuantExpertsFn(torch.autograd.Function):
         out: list[torch.Tensor | None] = [None] * len(weights)
         if not live:
             return head + tuple(out)
-        ws = [weights[i] for i in live]
-        gs = [grads[i].contiguous() for i in live]
-        a = amax if len(live) == len(weights) else amax[live]
+        if len(live) == len(weights):
+            ws, gs, a = weights, [g.contiguous() for g in grads], amax
+        else:
+            ws = [weights[i] for i in live]
+            gs = [grads[i].contiguous() for i in live]
+            a = amax[live]
         if ctx.use_kernel:
             res = _clipped_kernel(ws, gs, a)
         else:
@@ -72,9 +77,9 @@ class FakeQuantExpertsFn(torch.autograd.Function):
 
 
 def _clipped_kernel(ws: list[torch.Tensor], gs: list[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
-    view: AmaxView = amax_for_list(amax, [expert_matrix_shape(w)[0] for w in ws], ws[0].device, nvfp4=False)
-    table = launch.expert_table(ws, gs)
-    flat, outs = launch.alloc_outputs(table, gs[0].dtype, gs[0].device)
+    table = launch.table_for(ws, gs, validate=lambda: _validate_pairs(ws, gs))
+    view = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
+    flat, outs = launch.alloc_outputs(table, gs[0].dtype, table.device)
     if table.total:
         launch.bwd_list(table, ws, gs, flat, view)
     return outs
@@ -87,19 +92,30 @@ def fake_quant_experts_ste(
     *,
     ste_mode: str = "pass_through",
     use_kernel: bool = True,
-    table: launch.ExpertTable | None = None,
+    check_values: bool | str = True,
     **options,
 ) -> list[torch.Tensor]:
     """Differentiable grouped fake quant of N experts (``amax`` ``[N]`` or ``[N, out]``, fp32).
 
     * ``ste_mode``: ``"pass_through"`` (Model-Optimizer's default) or ``"clipped"``.
     * ``use_kernel``: Triton kernel (True) or the per-expert reference loop (False): same bits.
-    * No value checks and no device sync (callers validate amax once, e.g. the module adapter).
+    * ``check_values``: the kernel's checks (``True``: asynchronous, no device sync; ``"sync"``;
+      ``False``), see ``kernels/checks.py``.  The reference loop always checks (it raises).
     """
     if ste_mode not in STE_MODES:
         raise ValueError(f"ste_mode must be one of {STE_MODES}, got {ste_mode!r}")
-    parse_spec(fmt, None, options)
+    cached_spec(fmt, None, options)
+    check = checks.check_mode(check_values)
+    if isinstance(weights, torch.Tensor):
+        raise TypeError("weights must be a sequence of tensors (one per expert), got a single tensor")
     if len(weights) == 0:
         return []
+    if not use_kernel:
+        _validate_list_types(weights)
+    return list(FakeQuantExpertsFn.apply(amax, fmt, dict(options), ste_mode, use_kernel, check, *weights))
+
+
+def _validate_list_types(weights: Sequence[torch.Tensor]) -> None:
+    from .geometry import check_expert_list
+
     check_expert_list(weights)
-    return list(FakeQuantExpertsFn.apply(amax, fmt, dict(options), ste_mode, use_kernel, table, *weights))

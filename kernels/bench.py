@@ -1,26 +1,32 @@
-"""Benchmark: ``python -m moe_fq_parity.kernels.bench --out DIR [--quick] [--sweep]`` (needs a CUDA device).
+"""Benchmark: ``python -m moe_fq_parity.kernels.bench --out DIR [--quick] [--sweep] [--host-calls K]`` (needs a CUDA device).
 
 In one run: device copy bandwidth; then per case (N experts of one Nemotron-3 routed-expert shape,
-bf16, list layout) the kernel forward for every format and the clipped backward, the per-expert
-eager loop and the stacked eager reference (``reference`` itself, the baselines); the upstream
-Ultra production case N=32 x [5120, 8192]; peak extra GPU memory there.  Prints a table and writes
-``DIR/bench.json``.
+bf16, list layout, N in {4, 8, 16, 32, 64, 128}, plus the Ultra production case N=32 x [5120, 8192])
+for every format and the clipped backward:
 
-Numbers:
-* ``bytes`` = inputs read once + outputs written once (forward 4 B/element for bf16; clipped
-  backward 6 B/element: weight and gradient in, gradient out); ``GB/s = bytes / median time``;
-  ``pct_copy`` = that over the measured device-to-device copy bandwidth (read + write).
-* Kernel times: ``triton.testing.do_bench_cudagraph`` (median), launching through a prepared
-  expert table and preallocated outputs, cycling over enough input copies to exceed 4x the L2
-  cache (no L2 hits from the previous launch).  ``api_ms``: the public call
-  ``kernels.fake_quant_experts(..., check_values=False)`` timed end to end with ``do_bench``
-  (host overhead included).
-* Eager baselines: median of 3 event-timed calls after a warm-up (each takes tens of ms);
-  skipped (``null``) past ``--eager-max-gb``.
-* Only cases whose kernel output matched the reference bit for bit (experts 0 and N-1) are timed.
-* ``--sweep`` first times tile configurations at the production case and then uses the fastest
-  per kernel for the table (recorded under ``configs_used``); without it, the defaults of
-  ``kernels/launch.py``.
+* ``kernel``: the kernel alone through a prepared table and preallocated outputs
+  (``triton.testing.do_bench_cudagraph`` median, cycling over enough input copies to exceed 4x the
+  L2 cache);
+* ``public``: the public call as users make it (``kernels.fake_quant_experts(ws, amax, fmt)``,
+  checks on, the default; ``ste_backward_experts(..., "clipped")``), ``do_bench`` median (L2
+  flushed before each call; host time included wherever the host is the slower side);
+* ``unchecked``: the public call with ``check_values=False``;
+* ``host_us``: host time of one public default call (``perf_counter``, median of ``--host-reps``
+  calls, each started on an idle device);
+* ``speedup_vs_loop``: the per-expert eager loop (``reference.fake_quant_experts``, the baseline;
+  median of 3 event-timed calls) over the public default call; skipped past ``--eager-max-gb``.
+
+``pct_*`` = (bytes read + bytes written) / time / measured device-to-device copy bandwidth
+(forward 4 B/element for bf16; clipped backward 6 B/element).  Only cases whose kernel output
+matched the reference bit for bit (experts 0 and N-1) are timed.
+
+``--host-calls K`` (default 1000) adds the host-cost distribution over K calls each of the
+functional forward (checked and unchecked), the clipped backward, and ``QuantGroupedLinear``'s
+fake-quant forward (``quantized_weights()``) and backward (clipped STE), plus the whole layer
+(with its N per-expert GEMMs) for scale, against the bound 40 us + 0.5 us per expert.
+``--profile`` adds, per format, the throughput with the data L2-resident (the arithmetic ceiling
+without HBM traffic), registers, spills and PTX instruction counts of the production launch.
+Prints tables and writes ``DIR/bench.json``.
 """
 
 from __future__ import annotations
@@ -56,18 +62,24 @@ L2_MULTIPLE = 4
 
 @dataclass
 class CaseResult:
-    """One case's numbers (ms, GB/s, % of copy bandwidth; ``None`` = not measured)."""
+    """One case's numbers (ms, GB/s, % of copy bandwidth, us; ``None`` = not measured); keys are
+    the formats and ``bwd_clipped``."""
 
     case: str
     n: int
     shape: tuple[int, int]
+    bytes_fwd: int = 0
+    bytes_bwd: int = 0
     correct: dict[str, bool] = field(default_factory=dict)
     kernel_ms: dict[str, float] = field(default_factory=dict)
     gbps: dict[str, float] = field(default_factory=dict)
     pct_copy: dict[str, float] = field(default_factory=dict)
-    api_ms: float | None = None
+    public_ms: dict[str, float] = field(default_factory=dict)
+    pct_public: dict[str, float] = field(default_factory=dict)
+    unchecked_ms: dict[str, float] = field(default_factory=dict)
+    pct_unchecked: dict[str, float] = field(default_factory=dict)
+    host_us: dict[str, float] = field(default_factory=dict)
     eager_loop_ms: dict[str, float | None] = field(default_factory=dict)
-    stacked_eager_ms: dict[str, float | None] = field(default_factory=dict)
     speedup_vs_loop: dict[str, float] = field(default_factory=dict)
 
 
@@ -163,7 +175,26 @@ def _eager_ms(fn: Callable[[], object], reps: int = 3) -> float:
 def _api_ms(fn: Callable[[], object]) -> float:
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=5, rep=30, return_mode="median")
+    return do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+def host_samples_us(fn: Callable[[], object], calls: int) -> list[float]:
+    """Host time (us) of ``calls`` calls of ``fn``, each started with the device idle (a sync before,
+    not timed), so the number is what the host spends issuing one call."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def _kind(fmt: str) -> str:
@@ -172,44 +203,62 @@ def _kind(fmt: str) -> str:
     return next(f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code)
 
 
+def _pct(nbytes: int, ms: float, copy_gbps: float) -> float:
+    return 100.0 * nbytes / ms / 1e6 / copy_gbps
+
+
 def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None) -> CaseResult:
     from moe_fq_parity import reference
 
     from . import api
 
-    res = CaseResult(name, n, shape)
     numel = n * shape[0] * shape[1]
-    fwd_bytes, bwd_bytes = 4 * numel, 6 * numel
-    sets = [make_experts(n, shape, seed=k) for k in range(_copies(fwd_bytes))]
+    res = CaseResult(name, n, shape, 4 * numel, 6 * numel)
+    sets = [make_experts(n, shape, seed=k) for k in range(_copies(res.bytes_fwd))]
     runner = KernelRunner(sets)
     ws, amax = sets[0]
     configs = configs or {}
+    grads = [torch.randn_like(w) for w in ws]
     for fmt in FORMATS:
         cfg = configs.get(_kind(fmt))
         runner.fwd(fmt, cfg)[0]()
         res.correct[fmt] = _matches_reference(fmt, ws, amax, runner.outs[0][1])
-        if res.correct[fmt]:
-            _record(res, fmt, _graph_ms(runner.fwd(fmt, cfg)), fwd_bytes, copy_gbps)
-    grads = [torch.randn_like(w) for w in ws]
+        if not res.correct[fmt]:
+            continue
+        res.kernel_ms[fmt] = ms = _graph_ms(runner.fwd(fmt, cfg))
+        res.gbps[fmt] = res.bytes_fwd / ms / 1e6
+        res.pct_copy[fmt] = _pct(res.bytes_fwd, ms, copy_gbps)
+        if configs:
+            continue  # the public call uses the defaults of kernels/launch.py
+        res.public_ms[fmt] = _api_ms(lambda f=fmt: api.fake_quant_experts(ws, amax, f))
+        res.unchecked_ms[fmt] = _api_ms(lambda f=fmt: api.fake_quant_experts(ws, amax, f, check_values=False))
+        res.pct_public[fmt] = _pct(res.bytes_fwd, res.public_ms[fmt], copy_gbps)
+        res.pct_unchecked[fmt] = _pct(res.bytes_fwd, res.unchecked_ms[fmt], copy_gbps)
+        res.host_us[fmt] = _median(host_samples_us(lambda f=fmt: api.fake_quant_experts(ws, amax, f), args.host_reps))
+    from . import checks
+
+    checks.raise_pending_errors()  # the benchmark's inputs are valid: nothing may be pending
     bwd_fns = runner.bwd(grads, configs.get("bwd_clipped"))
     res.correct["bwd_clipped"] = _bwd_matches(ws, amax, grads)
     if res.correct["bwd_clipped"]:
-        _record(res, "bwd_clipped", _graph_ms(bwd_fns), bwd_bytes, copy_gbps)
-    res.api_ms = _api_ms(lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=False))
+        key = "bwd_clipped"
+        res.kernel_ms[key] = ms = _graph_ms(bwd_fns)
+        res.gbps[key] = res.bytes_bwd / ms / 1e6
+        res.pct_copy[key] = _pct(res.bytes_bwd, ms, copy_gbps)
+        if not configs:
+            bwd = lambda: api.ste_backward_experts(ws, amax, grads, "clipped")  # noqa: E731
+            res.public_ms[key] = res.unchecked_ms[key] = _api_ms(bwd)
+            res.pct_public[key] = res.pct_unchecked[key] = _pct(res.bytes_bwd, res.public_ms[key], copy_gbps)
+            res.host_us[key] = _median(host_samples_us(bwd, args.host_reps))
     del runner, sets, bwd_fns
-    eager = fwd_bytes / 1e9 <= args.eager_max_gb
-    for fmt in EAGER_FORMATS:
-        res.eager_loop_ms[fmt] = _eager_ms(lambda f=fmt: reference.fake_quant_experts(ws, amax, f)) if eager else None
-        if res.eager_loop_ms[fmt] and fmt in res.kernel_ms:
-            res.speedup_vs_loop[fmt] = res.eager_loop_ms[fmt] / res.kernel_ms[fmt]
-    res.eager_loop_ms["bwd_clipped"] = _eager_ms(lambda: reference.ste_backward_experts(ws, amax, grads, "clipped")) if eager else None
-    if res.eager_loop_ms["bwd_clipped"] and "bwd_clipped" in res.kernel_ms:
-        res.speedup_vs_loop["bwd_clipped"] = res.eager_loop_ms["bwd_clipped"] / res.kernel_ms["bwd_clipped"]
-    if eager and fwd_bytes / 1e9 <= args.stacked_max_gb:
-        x = torch.stack(ws)
-        for fmt in EAGER_FORMATS:
-            res.stacked_eager_ms[fmt] = _eager_ms(lambda f=fmt: reference.fake_quant(x, amax, f))
-        del x
+    if res.bytes_fwd / 1e9 <= args.eager_max_gb:
+        for fmt in args.eager_formats:
+            res.eager_loop_ms[fmt] = _eager_ms(lambda f=fmt: reference.fake_quant_experts(ws, amax, f))
+        res.eager_loop_ms["bwd_clipped"] = _eager_ms(lambda: reference.ste_backward_experts(ws, amax, grads, "clipped"))
+        for key, ms in res.eager_loop_ms.items():
+            base = res.public_ms.get(key) or res.kernel_ms.get(key)
+            if ms and base:
+                res.speedup_vs_loop[key] = ms / base
     return res
 
 
@@ -221,12 +270,6 @@ def _bwd_matches(ws, amax, grads) -> bool:
     got = api.ste_backward_experts(ws, amax, grads, "clipped")
     want = reference.ste_backward_experts(ws, amax, grads, "clipped")
     return all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
-
-
-def _record(res: CaseResult, key: str, ms: float, nbytes: int, copy_gbps: float) -> None:
-    res.kernel_ms[key] = ms
-    res.gbps[key] = nbytes / ms / 1e6
-    res.pct_copy[key] = 100.0 * res.gbps[key] / copy_gbps
 
 
 def peak_extra_memory(n: int, shape: tuple[int, int]) -> dict[str, float]:
@@ -252,7 +295,7 @@ SWEEP_TILES = ((4096, 4, 4), (4096, 4, 8), (2048, 4, 8), (8192, 8, 2))
 """(elements per tile, warps, tiles per program) tried per kernel at the production case."""
 
 
-def sweep(copy_gbps: float) -> tuple[list[dict], dict[str, object]]:
+def sweep(copy_gbps: float, kinds: str = "") -> tuple[list[dict], dict[str, object]]:
     """Tile configurations at the Ultra production case; returns the rows and the fastest
     ``KernelConfig`` per kernel (``int8`` stands for INT, ``bwd_clipped`` for the backward)."""
     from .launch import BWD_CONFIG, FWD_CONFIG, KernelConfig
@@ -266,6 +309,9 @@ def sweep(copy_gbps: float) -> tuple[list[dict], dict[str, object]]:
             for b, w, t in SWEEP_TILES for kind in defaults]  # fmt: skip
     plan += [("int8", KernelConfig(8192, 8, tiles_per_program=4, scalar_int_div=False)),
              ("nvfp4", KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=True))]  # fmt: skip
+    wanted = {k for k in kinds.split(",") if k}
+    plan += [("nvfp4", KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=False)) for b, w, t in ((1024, 4, 8), (2048, 8, 8), (4096, 4, 8))]
+    plan = [(k, c) for k, c in plan if not wanted or k in wanted]
     rows, best = [], {}
     for kind, cfg in plan:
         fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind, cfg)
@@ -300,31 +346,156 @@ def triton_copy_pct(copy_gbps: float) -> float:
     return 100 * 4 * n * shape[0] * shape[1] / ms / 1e6 / copy_gbps
 
 
+FIRST = (("ultra_prod", 32), ("wide_1024x2048", 128), ("super_fc1", 64), ("nano_fc1", 8))
+"""Timed first (partial results are written after every case): the production case and the
+acceptance cases N=128 x [1024, 2048], N=64 x Super fc1, N=8 x Nano fc1."""
+
+
 def _cases(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
     counts = (4, 32, 128) if quick else EXPERT_COUNTS
     shapes = {"ultra_fc1": SHAPES["ultra_fc1"]} if quick else SHAPES
-    return [(f"{name}/N{n}", n, shape) for name, shape in shapes.items() for n in counts] + [
-        (f"{PRODUCTION[0]}/N{PRODUCTION[1]}", PRODUCTION[1], PRODUCTION[2])
-    ]
+    cases = [(f"{name}/N{n}", n, shape) for name, shape in shapes.items() for n in counts]
+    cases += [(f"wide_1024x2048/N128", 128, (1024, 2048)), (f"{PRODUCTION[0]}/N{PRODUCTION[1]}", PRODUCTION[1], PRODUCTION[2])]
+    first = [c for key in FIRST for c in cases if c[0] == f"{key[0]}/N{key[1]}"]
+    return first + [c for c in cases if c not in first]
 
 
-TABLE_HEAD = (f"{'case':22s} " + " ".join(f"{k:>9s}" for k in (*FORMATS, "bwd"))
-              + f"   {'xloop(' + '/'.join((*EAGER_FORMATS, 'bwd')) + ')':>26s}   fp8_ms  api_ms  stacked_fp8_ms")
+KEYS = (*FORMATS, "bwd_clipped")
+TABLE_HEAD = (f"{'case':20s} {'MB':>6s} " + " ".join(f"{k[:9]:>17s}" for k in KEYS)
+              + f"  {'host us (' + '/'.join(k[:4] for k in KEYS) + ')':>34s}  {'x loop (fp8/bwd)':>16s}")  # fmt: skip
+TABLE_NOTE = "per format: kernel / public default / public unchecked, % of copy bandwidth"
 
 
 def table_row(r: CaseResult) -> str:
-    pcts = " ".join(f"{r.pct_copy.get(k, float('nan')):8.1f}%" for k in (*FORMATS, "bwd_clipped"))
-    sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in (*EAGER_FORMATS, "bwd_clipped"))
-    st = r.stacked_eager_ms.get("fp8_e4m3")
-    fp8 = r.kernel_ms.get("fp8_e4m3", float("nan"))
-    return f"{r.case:22s} {pcts}   {sp:>26s}   {fp8:6.3f}  {r.api_ms:6.3f}  {'-' if st is None else f'{st:.2f}'}"
+    def cell(k: str) -> str:
+        vals = (r.pct_copy.get(k), r.pct_public.get(k), r.pct_unchecked.get(k))
+        return "/".join("-" if v is None else f"{v:.0f}" for v in vals)
+
+    host = "/".join(f"{r.host_us[k]:.0f}" if k in r.host_us else "-" for k in KEYS)
+    sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in ("fp8_e4m3", "bwd_clipped"))
+    return f"{r.case:20s} {r.bytes_fwd / 1e6:6.0f} " + " ".join(f"{cell(k):>17s}" for k in KEYS) + f"  {host:>34s}  {sp:>16s}"
 
 
 def print_table(results: list[CaseResult], copy_gbps: float) -> None:
-    print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s (read + write); kernel % of it, speedup vs the per-expert eager loop")
+    print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s (read + write); {TABLE_NOTE}; host us of one default call; "
+          "speedup of the default call vs the per-expert eager loop")  # fmt: skip
     print(TABLE_HEAD)
     for r in results:
         print(table_row(r))
+
+
+def host_bound_us(n: int) -> float:
+    """The host-cost target per call: 40 us + 0.5 us per expert."""
+    return 40.0 + 0.5 * n
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    q = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
+    return {"calls": len(s), "min": s[0], "p10": q(0.10), "median": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
+
+
+def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] = SHAPES["super_fc1"]) -> list[dict]:
+    """Host time per call over ``calls`` calls each, for the public entry points and the module."""
+    from . import api
+    from .module import QuantGroupedLinear
+
+    rows = []
+    for n in counts:
+        ws, amax = make_experts(n, shape, seed=7)
+        grads = [torch.randn_like(w) for w in ws]
+        layer = QuantGroupedLinear(n, shape[1], shape[0], "fp8_e4m3", device="cuda", ste_mode="clipped")
+        with torch.no_grad():
+            for q, a in zip(layer.weight_quantizer, amax):
+                q._amax.fill_(float(a))
+        splits = [4] * n
+        x = torch.randn(4 * n, shape[1], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        gy = torch.randn(4 * n, shape[0], device="cuda", dtype=torch.bfloat16)
+        state: dict = {}
+
+        def module_fwd():
+            state["wq"] = layer.quantized_weights()
+
+        def module_bwd():
+            if "wq" not in state:
+                module_fwd()
+            torch.autograd.backward(state.pop("wq"), grads)
+
+        def layer_step():
+            x.grad = None
+            for w in layer.weights():
+                w.grad = None
+            layer(x, splits).backward(gy)
+
+        entries = {
+            "fake_quant_experts (checked)": lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3"),
+            "fake_quant_experts (unchecked)": lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=False),
+            "ste_backward_experts (clipped)": lambda: api.ste_backward_experts(ws, amax, grads, "clipped"),
+            "QuantGroupedLinear fq forward": module_fwd,
+        }
+        for what, fn in entries.items():
+            rows.append({"entry": what, "n": n, "bound_us": host_bound_us(n), **_stats(host_samples_us(fn, calls))})
+        samples = []
+        for _ in range(calls):  # the backward needs a fresh forward each time (untimed)
+            module_fwd()
+            for w in layer.weights():
+                w.grad = None  # AccumulateGrad then keeps the gradient (no per-expert add kernels)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            module_bwd()
+            samples.append((time.perf_counter() - t0) * 1e6)
+        rows.append({"entry": "QuantGroupedLinear fq backward", "n": n, "bound_us": host_bound_us(n), **_stats(samples)})
+        rows.append({"entry": "QuantGroupedLinear layer fwd+bwd (incl. N GEMMs)", "n": n, "bound_us": None,
+                     **_stats(host_samples_us(layer_step, max(50, calls // 10)))})  # fmt: skip
+        for r in rows[-6:]:
+            r["within_bound"] = None if r["bound_us"] is None else r["median"] <= r["bound_us"]
+            print(f"  host {r['entry']:48s} N={n:3d}  median {r['median']:7.1f} us  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f}"
+                  f"  bound {r['bound_us'] or float('nan'):6.1f}", flush=True)  # fmt: skip
+        del ws, grads, layer
+        torch.cuda.empty_cache()
+    from . import checks
+
+    checks.raise_pending_errors()
+    return rows
+
+
+def profile_formats(copy_gbps: float) -> dict:
+    """Per format: throughput with the data L2-resident (the arithmetic ceiling without HBM
+    traffic: 4 experts of [512, 2048] bf16, 16 MB in + out, launched back to back on the same
+    buffers), and registers / spills / PTX instruction count of the production-case launch."""
+    from .copy_kernel import tiled_copy_kernel
+    from .geometry import grid_for
+    from .launch import FWD_CONFIG, tile_for
+
+    out: dict = {}
+    hot = KernelRunner([make_experts(4, (512, 2048), seed=3)])
+    nbytes = 4 * 4 * 512 * 2048
+    for fmt in FORMATS:
+        ms = _graph_ms(hot.fwd(fmt))
+        out[fmt] = {"l2_resident_gbps": nbytes / ms / 1e6, "l2_resident_pct_of_hbm_copy": _pct(nbytes, ms, copy_gbps)}
+    (ws, _), table, (flat, _) = hot.sets[0], hot.tables[0], hot.outs[0]
+    tile = tile_for(table.shapes, FWD_CONFIG[parse_spec("fp8_e4m3", None, {}).code], ws[0].device)
+    grid = grid_for(table.shapes, tile)
+    xi, fi = ws[table.base].view(torch.int16), flat.view(torch.int16)
+    ms = _graph_ms([lambda: tiled_copy_kernel[grid](xi, fi, table.meta, 4, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=tile.tpp,
+                                                    num_warps=tile.num_warps)])  # fmt: skip
+    out["triton_copy"] = {"l2_resident_gbps": nbytes / ms / 1e6, "l2_resident_pct_of_hbm_copy": _pct(nbytes, ms, copy_gbps)}
+    _, n, shape = PRODUCTION
+    prod = KernelRunner([make_experts(n, shape, seed=0)])
+    for fmt in FORMATS:
+        k = prod.fwd(fmt)[0]()
+        torch.cuda.synchronize()
+        try:
+            ptx = k.asm.get("ptx", "")
+            instr = [ln for ln in ptx.splitlines() if ln.strip().endswith(";") and not ln.strip().startswith((".", "//"))]
+            regs, warps = int(k.n_regs), int(k.metadata.num_warps)
+            blocks = min(32, 65536 // max(1, regs * 32 * warps))  # register-limited blocks per SM
+            out[fmt].update(n_regs=regs, n_spills=int(k.n_spills), num_warps=warps, ptx_instructions=len(instr),
+                            ptx_lines_fma_mul_add=sum(1 for ln in instr if any(t in ln for t in ("fma.", "mul.", "add.", "sub."))),
+                            theoretical_warps_per_sm=min(64, blocks * warps))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001  (compiled-kernel attributes differ across Triton versions)
+            out[fmt]["compiled_facts_error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,10 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for bench.json")
     ap.add_argument("--quick", action="store_true", help="Ultra fc1 at N in {4, 32, 128} plus the production case")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations at the production case")
-    ap.add_argument("--no-cases", action="store_true", help="skip the case table (copy bandwidth and sweep only)")
-    ap.add_argument("--eager-max-gb", type=float, default=6.0, help="skip eager baselines above this many bytes moved")
-    ap.add_argument("--stacked-max-gb", type=float, default=6.0, help="skip the stacked eager reference above this")
+    ap.add_argument("--sweep-kinds", default="", help="comma-separated kernels to sweep (int8, fp8_e4m3, nvfp4, bwd_clipped; default all)")
+    ap.add_argument("--no-cases", action="store_true", help="skip the case table")
+    ap.add_argument("--host-calls", type=int, default=1000, help="calls per entry of the host-cost distribution (0: skip)")
+    ap.add_argument("--host-after", type=int, default=len(FIRST), help="measure the host distribution after this many cases")
+    ap.add_argument("--host-reps", type=int, default=30, help="calls per host-time median in the case table")
+    ap.add_argument("--profile", action="store_true", help="L2-resident ceilings and compiled-kernel facts per format")
+    ap.add_argument("--eager-max-gb", type=float, default=1.2, help="skip the eager baselines above this many bytes moved")
+    ap.add_argument("--eager-formats", default="fp8_e4m3", help="comma-separated formats timed through the eager loop")
     args = ap.parse_args(argv)
+    args.eager_formats = tuple(f for f in args.eager_formats.split(",") if f)
     if not torch.cuda.is_available():
         raise SystemExit("moe_fq_parity.kernels.bench needs a CUDA device")
     import triton
@@ -346,27 +523,42 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbps:.0f} GB/s", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_gbps": copy_gbps}  # fmt: skip
-    configs = None
-    if args.sweep:
-        report["sweep"], configs = sweep(copy_gbps)
-        report["configs_used"] = {k: asdict(v) for k, v in configs.items()}
-    report["triton_copy_pct"] = triton_copy_pct(copy_gbps)
-    print(f"plain Triton copy, same tiling, production case: {report['triton_copy_pct']:.1f}% of copy bandwidth", flush=True)
-    results = []
+                    "copy_gbps": copy_gbps, "command": "python -m moe_fq_parity.kernels.bench " + " ".join(argv or [])}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
+    save = lambda: (args.out / "bench.json").write_text(dumps(report))  # noqa: E731
+    configs = None  # the table times the defaults of kernels/launch.py (what the public call uses)
+    if args.sweep:
+        report["sweep"], best = sweep(copy_gbps, args.sweep_kinds)
+        report["sweep_best"] = {k: asdict(v) for k, v in best.items()}
+        save()
+    if args.profile:
+        try:
+            report["profile"] = profile_formats(copy_gbps)
+        except Exception as exc:  # noqa: BLE001  (a profile failure must not lose the table)
+            report["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print("profile:", json.dumps(report["profile"]), flush=True)
+        save()
+    results = []
+    print(TABLE_NOTE)
     print(TABLE_HEAD, flush=True)
-    for name, n, shape in [] if args.no_cases else _cases(args.quick):
+    for i, (name, n, shape) in enumerate([] if args.no_cases else _cases(args.quick)):
+        if i == args.host_after and args.host_calls:
+            report["host"] = host_distribution(args.host_calls)
+            save()
         results.append(bench_case(name, n, shape, copy_gbps, args, configs))
         print(table_row(results[-1]) + f"  ({time.time() - t0:.0f}s)", flush=True)
         report["cases"] = [asdict(r) for r in results]
-        (args.out / "bench.json").write_text(dumps(report))  # partial results survive a timeout
+        save()  # partial results survive a timeout
         torch.cuda.empty_cache()
-    report["peak_memory_production"] = None if args.no_cases else peak_extra_memory(PRODUCTION[1], PRODUCTION[2])
+    if args.host_calls and "host" not in report:
+        report["host"] = host_distribution(args.host_calls)
+        save()
     report["seconds"] = time.time() - t0
-    (args.out / "bench.json").write_text(dumps(report))
+    save()
     print_table(results, copy_gbps)
-    print(f"peak extra memory at {PRODUCTION[0]}: {report['peak_memory_production']}  (outputs {PRODUCTION[1]}x{PRODUCTION[2]} bf16)")
+    for r in report.get("host", []):
+        print(f"host {r['entry']:48s} N={r['n']:3d}  median {r['median']:7.1f}  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f} us"
+              f"  bound {r['bound_us'] or float('nan'):6.1f}  {'ok' if r['within_bound'] else ('-' if r['within_bound'] is None else 'OVER')}")  # fmt: skip
     print(f"total {report['seconds']:.0f}s")
     return 0
 

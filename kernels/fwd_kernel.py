@@ -14,10 +14,15 @@ OR-ed into the output bits; the exceptions are per-expert constants: INT with am
 and interpreted kernels agree whatever their dequantization path) and NaN input writes the
 canonical NaN.
 
-Check flags (``CHECK``): ``flag[0]`` <- 1 if unsigned INT sees a negative input; ``flag[1]`` <- 1
-if NVFP4 sees a NaN input.  The host raises ``ValueError`` for them (and for bad amax values, which
-it checks itself), as the reference does.  With checks off the defined results are: unsigned
-negative input -> -0; NVFP4 block holding a NaN -> every element of the block is the canonical NaN.
+Checks (``CHECK``; slots and host side in ``kernels/checks.py``): program ``(0, e)`` checks every
+amax entry of expert ``e`` (empty experts included): NaN -> ``flag[0]``, +-inf -> ``flag[1]``,
+negative -> ``flag[2]``; unsigned INT with a negative input -> ``flag[3]``; NVFP4 with a NaN input
+-> ``flag[4]``.  Each flag is a plain store of 1 (idempotent: no atomics, any program order).  A
+checked launch also writes the canonical NaN wherever a bad value acts: all of an expert (or row,
+per channel) whose amax is bad, a negative element of an unsigned INT input, an NVFP4 block
+holding a NaN.  With checks off the defined results are: unsigned negative input -> -0; NVFP4
+block holding a NaN -> every element of the block is the canonical NaN; bad amax -> whatever the
+arithmetic gives (not an error).
 """
 
 from __future__ import annotations
@@ -56,6 +61,29 @@ _NVB = tl.constexpr(NVFP4_BLOCK)
 def _flag_if(flag_ptr, slot, bad):
     """Store 1 into ``flag[slot]`` if any element of ``bad`` is true (plain store, idempotent)."""
     tl.store(flag_ptr + slot, 1, mask=tl.max(bad.to(tl.int32)) > 0)
+
+
+@triton.jit
+def _bad_amax(a):
+    """NaN, infinite or negative amax (the values the reference rejects)."""
+    return (a != a) | (tl.abs(a) > _FMAX) | (a < 0.0)
+
+
+@triton.jit
+def _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL: tl.constexpr):
+    """Flag every bad amax entry of expert ``e`` (its ``rows`` entries per channel, else one)."""
+    if PER_CHANNEL:
+        for r0 in range(0, rows, 1024):
+            r = r0 + tl.arange(0, 1024)
+            a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=r < rows, other=1.0)
+            _flag_if(flag_ptr, 0, a != a)
+            _flag_if(flag_ptr, 1, tl.abs(a) == float("inf"))
+            _flag_if(flag_ptr, 2, a < 0.0)
+    else:
+        a = tl.load(amax_ptr + e * amax_se)
+        tl.store(flag_ptr + 0, 1, mask=a != a)
+        tl.store(flag_ptr + 1, 1, mask=tl.abs(a) == float("inf"))
+        tl.store(flag_ptr + 2, 1, mask=a < 0.0)
 
 
 @triton.jit
@@ -143,7 +171,7 @@ def fake_quant_fwd_kernel(
     amax_ptr,  # fp32; element (e, r) at e*amax_se + r*amax_sr
     amax_se,
     amax_sr,
-    flag_ptr,  # int32 [2]
+    flag_ptr,  # int32 [5] (kernels/checks.py), written only when CHECK
     n_experts,
     rows_u,
     cols_u,
@@ -168,6 +196,9 @@ def fake_quant_fwd_kernel(
     e = tl.program_id(1)
     rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC)
     n_tc, n_t = tile_count(rows, cols, BR, BC)
+    if CHECK:
+        if p == 0:
+            _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL)
     if p * TPP < n_t:
         xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, VEC)
         yb = expert_ptr(y_ptr, meta_ptr, 1, n_experts, e, rows, cols, LIST, VEC)
@@ -177,14 +208,16 @@ def fake_quant_fwd_kernel(
         else:
             sign_all = tl.full([], -32768, tl.int16)
             nan_all = tl.full([], 0x7FFF, tl.int16)
+        if not PER_CHANNEL:
+            a = tl.load(amax_ptr + e * amax_se)
         if FMT == _FMT_NVFP4:
-            gd, mult = _nvfp4_scales(tl.load(amax_ptr + e * amax_se), INT_DIV)
+            gd, mult = _nvfp4_scales(a, INT_DIV)
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
-                s, s2, r2, zero = _int_scales(tl.load(amax_ptr + e * amax_se), QMAX, INT_DIV)
+                s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
         else:
             if not PER_CHANNEL:
-                s, inv = _fp8_scales(tl.load(amax_ptr + e * amax_se), INT_DIV)
+                s, inv = _fp8_scales(a, INT_DIV)
         for k in range(TPP):
             t = p * TPP + k
             if t < n_t:
@@ -196,7 +229,8 @@ def fake_quant_fwd_kernel(
                     y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
                     out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO)
                     if CHECK:
-                        _flag_if(flag_ptr, 1, block_nan)
+                        _flag_if(flag_ptr, 4, block_nan)
+                        out = tl.where(_bad_amax(a), nan_all, out)
                 else:
                     tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
@@ -209,12 +243,17 @@ def fake_quant_fwd_kernel(
                         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
                         nanb = tl.where(zero, tl.zeros_like(nan_all), nan_all)
                         out = f32_to_bits(y, bits & smask, x != x, nanb, IO)
-                        if CHECK and UNSIGNED:
-                            _flag_if(flag_ptr, 0, (x < 0.0) & mask)
+                        if CHECK:
+                            if UNSIGNED:
+                                _flag_if(flag_ptr, 3, (x < 0.0) & mask)
+                                out = tl.where(x < 0.0, nan_all, out)
+                            out = tl.where(_bad_amax(a), nan_all, out)
                     else:
                         if PER_CHANNEL:
                             a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
                             s, inv = _fp8_scales(a, INT_DIV)
                         y = _fp8_magnitude(x, s, inv)
                         out = f32_to_bits(y, bits & sign_all, x != x, nan_all, IO)
+                        if CHECK:
+                            out = tl.where(_bad_amax(a), nan_all, out)
                 tl.store(yb + tile0 + offs, out, mask=mask)

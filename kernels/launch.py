@@ -8,19 +8,29 @@ Two layouts share one kernel source:
 
 Outputs of the list layout are views into one buffer (one allocation), each expert starting on a
 64-element boundary so the kernel may use 16-byte vector accesses.
+
+Host cost.  Tables are cached (``table_for``): a call whose experts have the same addresses,
+shapes, contiguity and dtypes (and device) as an earlier validated call reuses its table, its
+tile, grid and launch arguments, without per-expert validation or any host-to-device copy; what
+remains per call is the key (a few C-level attribute reads per expert), the output allocation and
+views, and one Triton launch.  A table depends only on that key (never on values), so a reused
+table cannot be stale: new addresses, shapes or dtypes are a new key.  Measured host time per
+call is in ``docs/kernels_performance.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
-from typing import Sequence
+import operator
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
-from . import env
-from .amax import AmaxView, raise_value_errors, value_errors
+from . import checks, env
+from .amax import AmaxView
 from .formats import BITS_DTYPE, FMT_FP8, FMT_INT, FMT_NVFP4, IO_CODES, QuantSpec
 from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for, tiles_per_program, with_tpp
 
@@ -96,22 +106,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(BITS_DTYPE[t.dtype])
 
 
-def _vec(tensors: Sequence[torch.Tensor], shapes: Sequence[tuple[int, int]]) -> int:
-    """Elements per 16 bytes when every non-empty expert starts 16-byte aligned and its row length is
-    a multiple of that (the kernel may then use 16-byte vector accesses), else 1."""
-    vec = 16 // tensors[0].element_size()
-    ok = all(t.data_ptr() % 16 == 0 and c % vec == 0 for t, (r, c) in zip(tensors, shapes) if r and c)
-    return vec if ok else 1
-
-
-def _base_offsets(tensors: Sequence[torch.Tensor], base: torch.Tensor) -> list[int]:
-    """Element offsets of each tensor's data from ``base``'s (same dtype: exact division)."""
-    esize, b = base.element_size(), base.data_ptr()
-    offs = [(t.data_ptr() - b) // esize for t in tensors]
-    assert all((t.data_ptr() - b) % esize == 0 for t in tensors), "expert data not aligned to its dtype"
-    return offs
-
-
 @dataclass(frozen=True)
 class ExpertTable:
     """What a list-layout launch needs that depends only on the experts' addresses and shapes.
@@ -119,9 +113,10 @@ class ExpertTable:
     ``meta`` (int64 ``[5, N]`` on the device): input offset (elements from ``xs[base]``), output
     offset (from the output buffer), rows, cols, gradient offset (from ``grads[base]``).  Output
     offsets follow from the shapes alone, so the table stays valid for any output buffer from
-    ``alloc_outputs`` and the module adapter can keep it while the weights stay where they are.
-    ``base``: the first non-empty expert (an empty tensor's address may be 0); ``xvec``/``gvec``:
-    elements per 16-byte vector the kernel may assume (1: no alignment assumed).
+    ``alloc_outputs``.  ``base``: the first non-empty expert (an empty tensor's address may be 0);
+    ``xvec``/``gvec``: elements per 16-byte vector the kernel may assume (1: no alignment assumed).
+    ``rows``: the common row count (``None`` if ragged); ``plans``: launch geometry and arguments
+    per kernel/format/check mode, filled on first use.
     """
 
     meta: torch.Tensor
@@ -133,33 +128,154 @@ class ExpertTable:
     xvec: int
     gvec: int
     key: tuple
+    device: torch.device = torch.device("cpu")
+    rows: int | None = None
+    stacked: tuple[int, ...] | None = None
+    split_sizes: tuple[int, ...] = ()
+    host: torch.Tensor | None = None
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+_data_ptr = torch.Tensor.data_ptr
+_is_contiguous = torch.Tensor.is_contiguous
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
 
 
 def table_key(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> tuple:
-    """Identity of a table: addresses, shapes, dtypes (and gradient addresses)."""
-    key = tuple((w.data_ptr(), tuple(w.shape), w.dtype) for w in xs)
+    """Identity of a table: per expert the address, shape, contiguity and dtype, plus the device of
+    the first (device addresses are unique across devices under CUDA's unified addressing); the
+    same for the gradients.  Contiguity and shape fix the strides.  C-level reads only."""
+    key = (tuple(map(_data_ptr, xs)), tuple(map(_shape, xs)), tuple(map(_is_contiguous, xs)), tuple(map(_dtype, xs)), xs[0].device)
     if grads is not None:
-        key += tuple((g.data_ptr(), g.dtype) for g in grads)
+        key += (tuple(map(_data_ptr, grads)), tuple(map(_shape, grads)), tuple(map(_is_contiguous, grads)), tuple(map(_dtype, grads)))
     return key
 
 
-def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> ExpertTable:
-    """Build the table for validated experts ``xs`` (and, for the backward, their gradients)."""
+CACHE_SIZE = 64
+"""Tables kept (least recently used first out); tables a CUDA graph captured are kept for good."""
+_TABLES: "OrderedDict[tuple, ExpertTable]" = OrderedDict()
+_CAPTURED: dict[int, ExpertTable] = {}
+
+
+def table_for(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None, *, validate: Callable[[], None]) -> ExpertTable:
+    """The cached table of ``xs`` (and ``grads``), or ``validate()`` then build and cache one.
+
+    ``validate`` raises for input the kernel does not take; it runs only when the key is new (or
+    cannot be computed, e.g. a non-tensor in the list), so a cached table implies validated input.
+    A table used while a CUDA graph is being captured is never freed (the graph reads its device
+    table on every replay).
+    """
+    try:
+        key = table_key(xs, grads)
+        table = _TABLES.get(key)
+    except (AttributeError, TypeError, RuntimeError, IndexError):
+        key, table = None, None
+    if table is None:
+        validate()
+        key = table_key(xs, grads)
+        table = expert_table(xs, grads, key=key)
+        _TABLES[key] = table
+        if len(_TABLES) > CACHE_SIZE:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    if table.device.type == "cuda" and id(table) not in _CAPTURED and torch.cuda.is_current_stream_capturing():
+        _CAPTURED[id(table)] = table
+    return table
+
+
+def clear_table_cache() -> None:
+    """Forget cached tables (not those captured by CUDA graphs)."""
+    _TABLES.clear()
+
+
+def _vec_of(ptrs: Sequence[int], shapes: Sequence[tuple[int, int]], esize: int) -> int:
+    """Elements per 16 bytes when every non-empty expert starts 16-byte aligned and its row length is
+    a multiple of that (the kernel may then use 16-byte vector accesses), else 1."""
+    vec = 16 // esize
+    ok = all(p % 16 == 0 and c % vec == 0 for p, (r, c) in zip(ptrs, shapes) if r and c)
+    return vec if ok else 1
+
+
+def _vec(tensors: Sequence[torch.Tensor], shapes: Sequence[tuple[int, int]]) -> int:
+    return _vec_of([t.data_ptr() for t in tensors], shapes, tensors[0].element_size())
+
+
+def _offsets_from(ptrs: Sequence[int], base: int, esize: int) -> list[int]:
+    """Element offsets of each address from ``ptrs[base]`` (same dtype: exact division)."""
+    b = ptrs[base]
+    assert all((p - b) % esize == 0 for p in ptrs), "expert data not aligned to its dtype"
+    return [(p - b) // esize for p in ptrs]
+
+
+def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None, *, key: tuple | None = None) -> ExpertTable:
+    """Build the table for validated experts ``xs`` (and, for the backward, their gradients): one
+    pinned host tensor and one asynchronous copy to the device (the host tensor stays referenced
+    by the table, so a copy captured in a CUDA graph always reads the right bytes)."""
+    key = table_key(xs, grads) if key is None else key
+    ptrs, shape_list = key[0], key[1]
     shapes = tuple(expert_matrix_shape(w) for w in xs)
     offsets, total = [], 0
     for r, c in shapes:
         offsets.append(total)
         total += -(-(r * c) // _PAD_ELEMS) * _PAD_ELEMS
     base = next((i for i, (r, c) in enumerate(shapes) if r and c), 0)
-    xo = _base_offsets(xs, xs[base])
-    go = _base_offsets(grads, grads[base]) if grads is not None else [0] * len(xs)
+    esize = xs[0].element_size()
+    xo = _offsets_from(ptrs, base, esize)
+    if grads is not None:
+        gptrs = [g.data_ptr() for g in grads]
+        go = _offsets_from(gptrs, base, grads[0].element_size())
+        gvec = _vec_of(gptrs, shapes, grads[0].element_size())
+    else:
+        go = [0] * len(xs)
     device = xs[0].device
-    meta = torch.tensor([xo, offsets, [r for r, _ in shapes], [c for _, c in shapes], go], dtype=torch.int64,
-                        pin_memory=device.type == "cuda")  # fmt: skip
-    meta = meta.to(device, non_blocking=True)
-    xvec = _vec(xs, shapes)
-    gvec = _vec(grads, shapes) if grads is not None else xvec
-    return ExpertTable(meta, shapes, tuple(w.shape for w in xs), tuple(offsets), total, base, xvec, gvec, table_key(xs, grads))
+    host = torch.tensor([xo, offsets, [r for r, _ in shapes], [c for _, c in shapes], go], dtype=torch.int64)
+    if device.type == "cuda":
+        host = _pinned_copy(host, device)
+    meta = host.to(device, non_blocking=True)
+    xvec = _vec_of(ptrs, shapes, esize)
+    if grads is None:
+        gvec = xvec
+    out_shapes = tuple(shape_list)
+    n, first = len(shapes), out_shapes[0] if shapes else torch.Size()
+    rows = shapes[0][0] if shapes and all(r == shapes[0][0] for r, _ in shapes) else None
+    stacked = None
+    if n and all(s == first for s in out_shapes) and offsets[-1] == (n - 1) * first.numel() and first.numel():
+        stacked = (n, *first)
+    sizes: list[int] = []
+    prev = 0
+    for off, (r, c) in zip(offsets, shapes):
+        sizes += [off - prev, r * c]
+        prev = off + r * c
+    sizes.append(max(total, 1) - prev)
+    return ExpertTable(meta, shapes, out_shapes, tuple(offsets), total, base, xvec, gvec, key, device, rows, stacked, tuple(sizes),
+                       host if device.type == "cuda" else None)  # fmt: skip
+
+
+ARENA_ELEMS = 1 << 16
+"""int64 entries of pinned host memory per device from which tables built during a CUDA graph
+capture take their host copy (allocating pinned memory is not allowed while capturing; 5 entries
+per expert, so 13,107 experts' worth of tables captured per device)."""
+_ARENAS: dict[torch.device, list] = {}
+
+
+def _pinned_copy(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` in pinned memory: a fresh pinned tensor, or while a CUDA graph is being captured a
+    never-reused slice of the device's arena (allocated on the first table built outside capture)."""
+    if not torch.cuda.is_current_stream_capturing():
+        if device not in _ARENAS:
+            _ARENAS[device] = [torch.empty(ARENA_ELEMS, dtype=torch.int64, pin_memory=True), 0]
+        return host.pin_memory()
+    arena = _ARENAS.get(device)
+    n = host.numel()
+    if arena is None or arena[1] + n > arena[0].numel():
+        raise RuntimeError("kernels: no pinned staging memory left for an expert table built during CUDA graph capture; "
+                           "run the captured step once eagerly before capturing")  # fmt: skip
+    out = arena[0][arena[1] : arena[1] + n].view(host.shape)
+    arena[1] += n
+    out.copy_(host)
+    return out
 
 
 def alloc_outputs(table: ExpertTable, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -168,24 +284,12 @@ def alloc_outputs(table: ExpertTable, dtype: torch.dtype, device: torch.device) 
     Equal shapes whose size is a multiple of the padding (the usual grouped layer) take one
     ``[N, ...]`` allocation and ``unbind``: a single call instead of 2N view constructions.
     """
-    n = len(table.shapes)
-    first = table.out_shapes[0]
-    if n and all(s == first for s in table.out_shapes) and table.offsets[-1] == (n - 1) * first.numel() and first.numel():
-        stacked = torch.empty((n, *first), dtype=dtype, device=device)
+    if table.stacked is not None:
+        stacked = torch.empty(table.stacked, dtype=dtype, device=device)
         return stacked.view(-1), list(stacked.unbind(0))
     flat = torch.empty(max(table.total, 1), dtype=dtype, device=device)
-    sizes: list[int] = []
-    prev = 0
-    for off, (r, c) in zip(table.offsets, table.shapes):
-        sizes += [off - prev, r * c]
-        prev = off + r * c
-    sizes.append(flat.numel() - prev)
-    chunks = flat.split(sizes)
+    chunks = flat.split(table.split_sizes)
     return flat, [chunks[2 * i + 1].view(s) for i, s in enumerate(table.out_shapes)]
-
-
-def _flags(device: torch.device, check: bool) -> torch.Tensor:
-    return torch.zeros(2, dtype=torch.int32, device=device) if check else _dummy(device)
 
 
 _DUMMIES: dict[torch.device, torch.Tensor] = {}
@@ -194,27 +298,17 @@ _DUMMIES: dict[torch.device, torch.Tensor] = {}
 def _dummy(device: torch.device) -> torch.Tensor:
     """A small int32 buffer the kernel never writes (checks off); shared per device."""
     if device not in _DUMMIES:
-        _DUMMIES[device] = torch.zeros(2, dtype=torch.int32, device=device)
+        _DUMMIES[device] = torch.zeros(checks.SLOTS, dtype=torch.int32, device=device)
     return _DUMMIES[device]
 
 
-def _finish_checks(flags: torch.Tensor, amax: AmaxView, spec: QuantSpec) -> None:
-    """One sync: amax value errors first (as the reference checks them first), then input errors."""
-    values = torch.cat([value_errors(amax.data), flags]).tolist()
-    raise_value_errors(values[:3])
-    if values[3]:
-        raise ValueError("unsigned INT quantization got negative input values (Model-Optimizer rejects them too)")
-    if values[4]:
-        raise ValueError("NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined")
-
-
-def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, amax: AmaxView, check: bool, cfg: KernelConfig) -> dict:
+def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, per_channel: bool, check: bool, cfg: KernelConfig) -> dict:
     return dict(
         FMT=spec.code,
         LO=spec.lo,
         QMAX=spec.qmax,
         IO=IO_CODES[dtype],
-        PER_CHANNEL=amax.per_channel,
+        PER_CHANNEL=per_channel,
         CHECK=check,
         UNSIGNED=spec.unsigned,
         EXACT_FMA=env.exact_fma(device.type),
@@ -240,6 +334,19 @@ def _stacked_vec(x: torch.Tensor, cols: int) -> int:
     return vec if cols % vec == 0 else 1
 
 
+def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_channel: bool, check: bool, config: KernelConfig | None):
+    """``(grid, launch keywords)`` of a forward over ``table`` (cached in the table)."""
+    pkey = ("fwd", spec, dtype, per_channel, check, config)
+    plan = table.plans.get(pkey)
+    if plan is None:
+        device = table.device
+        cfg = _config(device, config, FWD_CONFIG[spec.code])
+        tile = tile_for(table.shapes, cfg, device)
+        kw = dict(LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))
+        plan = table.plans[pkey] = (grid_for(table.shapes, tile), kw)
+    return plan
+
+
 def fwd_list(
     table: ExpertTable,
     xs: Sequence[torch.Tensor],
@@ -247,28 +354,30 @@ def fwd_list(
     amax: AmaxView,
     spec: QuantSpec,
     *,
-    check: bool,
+    check: bool | str,
     config: KernelConfig | None = None,
-) -> None:
-    """Fake-quantize the experts ``xs`` of ``table`` into ``out_flat`` (from ``alloc_outputs``), one launch."""
+):
+    """Fake-quantize the experts ``xs`` of ``table`` into ``out_flat`` (from ``alloc_outputs``), one
+    launch.  ``check``: ``True`` (asynchronous), ``"sync"`` or ``False`` (see ``kernels/checks.py``).
+    Returns what the Triton launch returns (the compiled kernel on a GPU)."""
     from .fwd_kernel import fake_quant_fwd_kernel
 
     x0 = xs[table.base]
-    cfg = _config(x0.device, config, FWD_CONFIG[spec.code])
-    tile = tile_for(table.shapes, cfg, x0.device)
-    grid = grid_for(table.shapes, tile)
-    flags = _flags(x0.device, check)
-    with _quiet(x0.device):
-        fake_quant_fwd_kernel[grid](
-            _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, flags, len(table.shapes), 0, 0,
-            LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, x0.dtype, x0.device, amax, check, cfg), **_launch_opts(tile),
+    device = table.device
+    grid, kw = _fwd_plan(table, spec, x0.dtype, amax.per_channel, bool(check), config)
+    flags = checks.flags_for(device, check)
+    with _quiet(device):
+        compiled = fake_quant_fwd_kernel[grid](
+            _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, _dummy(device) if flags is None else flags,
+            len(table.shapes), 0, 0, **kw,
         )  # fmt: skip
-    if check:
-        _finish_checks(flags, amax, spec)
+    if flags is not None:
+        checks.after_launch(flags, device, check)
+    return compiled
 
 
 def fwd_stacked(
-    x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool, config: KernelConfig | None = None
+    x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool | str, config: KernelConfig | None = None
 ) -> None:
     """Fake-quantize contiguous ``x`` viewed as ``[N, rows, cols]`` into ``out`` in one launch."""
     from .fwd_kernel import fake_quant_fwd_kernel
@@ -278,14 +387,28 @@ def fwd_stacked(
     cfg = _config(x.device, config, FWD_CONFIG[spec.code])
     tile = tile_for(shapes, cfg, x.device)
     grid = grid_for(shapes, tile)
-    flags = _flags(x.device, check)
+    flags = checks.flags_for(x.device, check)
+    fl = _dummy(x.device) if flags is None else flags
     with _quiet(x.device):
         fake_quant_fwd_kernel[grid](
-            _bits(x), _bits(out), flags, amax.data, amax.se, amax.sr, flags, n, rows, cols,
-            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax, check, cfg), **_launch_opts(tile),
+            _bits(x), _bits(out), fl, amax.data, amax.se, amax.sr, fl, n, rows, cols,
+            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax.per_channel, bool(check), cfg),
+            **_launch_opts(tile),
         )  # fmt: skip
-    if check:
-        _finish_checks(flags, amax, spec)
+    if flags is not None:
+        checks.after_launch(flags, x.device, check)
+
+
+def _bwd_plan(table: ExpertTable, dtype: torch.dtype, per_channel: bool, config: KernelConfig | None):
+    pkey = ("bwd", dtype, per_channel, config)
+    plan = table.plans.get(pkey)
+    if plan is None:
+        cfg = _config(table.device, config, BWD_CONFIG)
+        tile = tile_for(table.shapes, cfg, table.device)
+        cvec = max(table.xvec, table.gvec) if min(table.xvec, table.gvec) > 1 else 1
+        kw = dict(IO=IO_CODES[dtype], LIST=True, PER_CHANNEL=per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec, **_launch_opts(tile))
+        plan = table.plans[pkey] = (grid_for(table.shapes, tile), kw)
+    return plan
 
 
 def bwd_list(
@@ -301,15 +424,10 @@ def bwd_list(
     from .bwd_kernel import clipped_bwd_kernel
 
     x0, g0 = xs[table.base], grads[table.base]
-    cfg = _config(x0.device, config, BWD_CONFIG)
-    tile = tile_for(table.shapes, cfg, x0.device)
-    grid = grid_for(table.shapes, tile)
-    cvec = max(table.xvec, table.gvec) if min(table.xvec, table.gvec) > 1 else 1
-    with _quiet(x0.device):
+    grid, kw = _bwd_plan(table, x0.dtype, amax.per_channel, config)
+    with _quiet(table.device):
         clipped_bwd_kernel[grid](
-            _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0,
-            IO=IO_CODES[x0.dtype], LIST=True, PER_CHANNEL=amax.per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec,
-            **_launch_opts(tile),
+            _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0, **kw
         )  # fmt: skip
 
 

@@ -8,10 +8,18 @@ amax cache.  The kernel wants one fp32 amax vector (``[N]``, or ``[N, out]`` per
 gathered once and each ``weight_quantizer.{i}._amax`` buffer is then re-registered as a *view* of
 it, so every in-place write to a buffer (``copy_``, ``.data.copy_``, ``load_state_dict``,
 calibration) lands in the vector itself: the cached vector cannot go stale.  A buffer that is
-*replaced* (``q._amax = t``, ``module.to(...)``, ``.half()``) no longer aliases the vector; every
-forward checks the aliasing (N pointer comparisons, no device work) and re-gathers when it broke.
-Values are validated (finite, >= 0; one device sync) whenever the vector was rebuilt, its version
-counter moved, or ``load_state_dict`` ran (a post-hook drops the validation mark).
+*replaced* (``q._amax = t``, ``module.to(...)``, ``.half()``, ``q._amax.data = t``) no longer
+aliases the vector; every forward checks the aliasing (per expert an identity and an address
+comparison, no device work) and re-gathers when it broke.  Values (finite, >= 0) are checked by the
+kernel on every forward without a host sync (``check_values``, default ``True``; see
+``kernels/checks.py``): a bad amax makes the quantized weights NaN and raises ``ValueError`` from a
+later call or ``kernels.raise_pending_errors()``; ``check_values="sync"`` raises in the forward
+itself (one device sync, not capturable in a CUDA graph).
+
+Host cost and CUDA graphs: the expert table is cached by ``launch.table_for``, and the forward and
+the clipped backward neither synchronise nor copy host memory to the device once the tables exist,
+so after one eager step a forward + backward can be captured in ``torch.cuda.CUDAGraph`` and
+replayed (bit-identical to eager: the same kernels on the same addresses).
 
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.
@@ -20,18 +28,19 @@ interpreter), the per-expert reference loop is used instead; it gives the same b
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import env, launch
-from .amax import raise_value_errors, value_errors
+from . import checks, env
 from .autograd import fake_quant_experts_ste
 from .formats import format_spec, parse_spec
 
 BACKENDS = ("auto", "kernel", "reference")
+_data_ptr = torch.Tensor.data_ptr
 
 
 class WeightAmax(nn.Module):
@@ -50,6 +59,7 @@ class QuantGroupedLinear(nn.Module):
     * ``per_channel``: amax ``[out]`` per expert instead of a scalar (not for NVFP4).
     * ``ste_mode``: ``pass_through`` (default) or ``clipped``.
     * ``backend``: ``auto`` (kernel unless calibrating or unsupported), ``kernel`` or ``reference``.
+    * ``check_values``: the kernel's value checks (``True``: asynchronous, ``"sync"``, ``False``).
     """
 
     def __init__(
@@ -65,6 +75,7 @@ class QuantGroupedLinear(nn.Module):
         per_channel: bool = False,
         ste_mode: str = "pass_through",
         backend: str = "auto",
+        check_values: bool | str = True,
         **options,
     ) -> None:
         super().__init__()
@@ -84,35 +95,36 @@ class QuantGroupedLinear(nn.Module):
         shape = (out_features,) if per_channel else ()
         self.weight_quantizer = nn.ModuleList([WeightAmax(shape, device) for _ in range(num_gemms)])
         self.use_bias = bias
+        self.check_values = checks.check_mode(check_values)
         self._calibrating = False
         self._vec: torch.Tensor | None = None
-        self._validated_version: int | None = None
-        self._table: launch.ExpertTable | None = None
+        self._rows: tuple[torch.Tensor, ...] = ()
+        self._row_ptrs: list[int] = []
+        self._wnames = tuple(f"weight{i}" for i in range(num_gemms))
+        self._bnames = tuple(f"bias{i}" for i in range(num_gemms)) if bias else ()
         self.register_load_state_dict_post_hook(lambda module, keys: module.invalidate_amax_cache())
 
     # ---- experts -------------------------------------------------------------------------
     def weights(self) -> list[torch.Tensor]:
-        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+        p = self._parameters
+        return [p[k] for k in self._wnames]
 
     def amax_buffers(self) -> list[torch.Tensor]:
-        return [q._amax for q in self.weight_quantizer]
+        return [q._buffers["_amax"] for q in self.weight_quantizer._modules.values()]
 
     # ---- amax cache ----------------------------------------------------------------------
     def invalidate_amax_cache(self) -> None:
-        """Forget the gathered vector and its validation (the next forward re-gathers)."""
+        """Forget the gathered vector (the next forward re-gathers)."""
         self._vec = None
-        self._validated_version = None
+        self._rows = ()
 
     def _aliased(self, bufs: Sequence[torch.Tensor]) -> bool:
-        vec = self._vec
-        if vec is None or len(bufs) != vec.shape[0]:
+        """Every buffer is still the row view registered at the last gather and still points at it
+        (``.data =`` keeps the object but moves the storage)."""
+        rows = self._rows
+        if self._vec is None or len(bufs) != len(rows):
             return False
-        base, step = vec.data_ptr(), vec.stride(0) * vec.element_size()
-        piece = tuple(vec.shape[1:])
-        return all(
-            b.data_ptr() == base + i * step and b.dtype == torch.float32 and tuple(b.shape) == piece and b.device == vec.device
-            for i, b in enumerate(bufs)
-        )
+        return all(map(operator.is_, bufs, rows)) and list(map(_data_ptr, bufs)) == self._row_ptrs
 
     def amax_vector(self) -> torch.Tensor:
         """The experts' amax as one fp32 ``[N]`` / ``[N, out]`` tensor (cached; see the module docstring)."""
@@ -122,17 +134,10 @@ class QuantGroupedLinear(nn.Module):
             vec = torch.stack([b.detach().to(device=device, dtype=torch.float32) for b in bufs]) if bufs else torch.zeros(0)
             for q, row in zip(self.weight_quantizer, vec):
                 q._amax = row
-            self._vec, self._validated_version = vec, None
-        vec = self._vec
-        if self._validated_version != vec._version:
-            raise_value_errors(value_errors(vec).tolist())
-            self._validated_version = vec._version
-        return vec
-
-    def _expert_table(self, ws: list[torch.Tensor]) -> launch.ExpertTable:
-        if self._table is None or self._table.key != launch.table_key(ws):
-            self._table = launch.expert_table(ws)
-        return self._table
+            self._vec = vec
+            self._rows = tuple(self.amax_buffers())
+            self._row_ptrs = [b.data_ptr() for b in self._rows]
+        return self._vec
 
     # ---- calibration ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -169,10 +174,8 @@ class QuantGroupedLinear(nn.Module):
             self._observe_weights()
         ws = self.weights()
         amax = self.amax_vector()
-        kernel = self.use_kernel()
-        table = self._expert_table(ws) if kernel and ws else None
         return fake_quant_experts_ste(
-            ws, amax, self.fmt, ste_mode=self.ste_mode, use_kernel=kernel, table=table, **self.options
+            ws, amax, self.fmt, ste_mode=self.ste_mode, use_kernel=self.use_kernel(), check_values=self.check_values, **self.options
         )
 
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
@@ -181,5 +184,9 @@ class QuantGroupedLinear(nn.Module):
             raise ValueError(f"m_splits {list(m_splits)} does not split {inp.shape[0]} rows over {self.num_gemms} experts")
         wq = self.quantized_weights()
         xs = inp.split(list(m_splits))
-        ys = [F.linear(x, w, getattr(self, f"bias{i}") if self.use_bias else None) for i, (x, w) in enumerate(zip(xs, wq))]
+        if self.use_bias:
+            p = self._parameters
+            ys = [F.linear(x, w, p[b]) for x, w, b in zip(xs, wq, self._bnames)]
+        else:
+            ys = [F.linear(x, w) for x, w in zip(xs, wq)]
         return torch.cat(ys) if ys else inp.new_zeros(0, self.out_features)

@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from .plots import bandwidth_vs_n_png, ulp_histogram_png
+from .plots import bandwidth_vs_bytes_png, ulp_histogram_png
 from .schema import CHECKS, hist_labels, overall_verdict
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
@@ -126,8 +126,14 @@ def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], st
 
 
 def _bandwidth(records: list[dict[str, Any]], copy_gbps: float | None) -> str | None:
-    pts = [(r["backend"], r["fmt"], r["n"], r["perf"]["gbps"]) for r in records if r["check"] == "perf" and r.get("perf")]
-    return bandwidth_vs_n_png(pts, copy_gbps)
+    pts = [(r["backend"], _expert_shape(r["case_id"]), r["perf"]["bytes_moved"], r["perf"]["pct_of_copy"])
+           for r in records if r["check"] == "perf" and r.get("perf")]  # fmt: skip
+    return bandwidth_vs_bytes_png(pts, copy_gbps)
+
+
+def _expert_shape(case_id: str) -> str:
+    """The ``ROWSxCOLS`` part of a case id (``?`` when there is none)."""
+    return next((p for p in case_id.split("/") if "x" in p and p.replace("x", "").isdigit()), "?")
 
 
 def _memory_note(r: dict[str, Any]) -> str:

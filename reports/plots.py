@@ -37,27 +37,30 @@ def ulp_histogram_png(hist: Sequence[int], title: str, *, small: bool = True) ->
     return _png(fig)
 
 
-def bandwidth_vs_n_png(points: Iterable[tuple[str, str, int, float]], copy_gbps: Optional[float]) -> Optional[str]:
-    """GB/s against N, one line per (backend, format); the copy bandwidth as a dashed line.
+def bandwidth_vs_bytes_png(points: Iterable[tuple[str, str, int, float]], copy_gbps: Optional[float]) -> Optional[str]:
+    """% of copy bandwidth against bytes moved (log scale), one line per (backend, expert shape);
+    each point is the median over the formats timed at that size (the public default call).
 
-    ``points``: ``(backend, fmt, n, gbps)``.  ``None`` when there is nothing to plot.
+    ``points``: ``(backend, expert_shape, bytes_moved, pct_of_copy)``.  ``None`` when there is
+    nothing to plot (no perf record, or no copy bandwidth to compare with).
     """
-    series: dict[tuple[str, str], dict[int, float]] = {}
-    for backend, fmt, n, gbps in points:
-        best = series.setdefault((backend, fmt), {})
-        best[n] = max(best.get(n, 0.0), gbps)
-    if not series:
+    series: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for backend, shape, nbytes, pct in points:
+        if pct is not None:
+            series.setdefault((backend, shape), {}).setdefault(int(nbytes), []).append(float(pct))
+    if not series or not copy_gbps:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    for (backend, fmt), pts in sorted(series.items()):
-        ns = sorted(pts)
-        ax.plot(ns, [pts[n] for n in ns], marker="o", label=f"{backend} {fmt}")
-    if copy_gbps:
-        ax.axhline(copy_gbps, linestyle="--", color="grey", label=f"copy {copy_gbps:.0f} GB/s")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("N (experts)")
-    ax.set_ylabel("GB/s (read + write)")
-    ax.set_title("Bandwidth vs N (best per N)")
+    for (backend, shape), pts in sorted(series.items()):
+        xs = sorted(pts)
+        ys = [sorted(pts[x])[len(pts[x]) // 2] for x in xs]
+        ax.plot(xs, ys, marker="o", label=f"{backend} {shape}")
+    ax.axhline(100.0, linestyle="--", color="grey", label=f"copy {copy_gbps:.0f} GB/s")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 110)
+    ax.set_xlabel("bytes moved (read + write)")
+    ax.set_ylabel("% of copy bandwidth")
+    ax.set_title("Bandwidth vs bytes moved, per expert shape (median over formats)")
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     return _png(fig)

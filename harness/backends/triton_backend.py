@@ -81,7 +81,44 @@ class TritonBackend:
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: Optional[str] = None, **options) -> list[torch.Tensor]:
         self._check_variant(fmt, variant)
-        return list(self._kernels.fake_quant_experts(weights, amax, fmt, variant, **options))
+        return list(self._kernels.fake_quant_experts(weights, amax, fmt, variant, **self._checked(options)))
+
+    def _checked(self, options: dict) -> dict:
+        """Parity compares rejections call by call: ask for the kernel's synchronous checks (its
+        default checks raise from a later call, without blocking the host)."""
+        if "check_values" in options:
+            return options
+        return {**options, "check_values": "sync"}
+
+    def timed_entries(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: Optional[str] = None, *,
+                      stacked: Optional[torch.Tensor] = None, **options) -> dict:  # fmt: skip
+        """Closures the ``perf`` check times (the quantities of ``kernels.bench``): ``default``, the
+        public call as users make it (asynchronous checks); ``unchecked``, checks off; ``kernel``,
+        the launch alone with its table prepared and outputs allocated once.  ``stacked``: time the
+        one-tensor entry point on this ``[N, out, in]`` tensor instead of the expert list."""
+        self._check_variant(fmt, variant)
+        k = self._kernels
+        from moe_fq_parity.kernels import api, launch
+        from moe_fq_parity.kernels.amax import amax_for_stacked
+
+        spec = api.cached_spec(fmt, variant, options)
+        if stacked is not None:
+            out = torch.empty_like(stacked)
+            view = amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=fmt == "nvfp4")
+            return {
+                "default": lambda: k.fake_quant(stacked, amax, fmt, variant, **options),
+                "unchecked": lambda: k.fake_quant(stacked, amax, fmt, variant, check_values=False, **options),
+                "kernel": lambda: launch.fwd_stacked(stacked, out, view, spec, check=False),
+            }
+        ws = list(weights)
+        table = launch.table_for(ws, validate=lambda: None)
+        view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=fmt == "nvfp4")
+        flat, _ = launch.alloc_outputs(table, ws[0].dtype, table.device)
+        return {
+            "default": lambda: k.fake_quant_experts(ws, amax, fmt, variant, **options),
+            "unchecked": lambda: k.fake_quant_experts(ws, amax, fmt, variant, check_values=False, **options),
+            "kernel": lambda: launch.fwd_list(table, ws, flat, view, spec, check=False),
+        }
 
     def _optional(self, name: str):
         fn = getattr(self._kernels, name, None)
@@ -91,7 +128,7 @@ class TritonBackend:
 
     def fake_quant_stacked(self, weight: torch.Tensor, amax: torch.Tensor, fmt: str, variant: Optional[str] = None, **options) -> torch.Tensor:
         self._check_variant(fmt, variant)
-        return self._optional("fake_quant")(weight, amax, fmt, variant, **options)
+        return self._optional("fake_quant")(weight, amax, fmt, variant, **self._checked(options))
 
     def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[torch.Tensor]:
         return list(self._optional("ste_backward_experts")(weights, amax, grads, mode))

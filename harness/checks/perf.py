@@ -1,11 +1,17 @@
 """Performance record: time of one grouped ``fake_quant`` call, GB/s moved, % of copy bandwidth.
 
 Timed only when the forward check passed (timing is separate from correctness); optional on CPU.
+A backend with ``timed_entries(weights, amax, fmt, **options)`` (the Triton kernel) reports the
+quantities of ``python -m moe_fq_parity.kernels.bench`` for the case: the public default call
+(``time_us``, ``pct_of_copy``), the kernel alone through a prepared launch (``kernel_us``), the
+public call with checks off (``unchecked_us``), host time per call (``host_us``) and the speedup
+over the per-expert eager loop (``loop_us``, the reference).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -32,15 +38,65 @@ def check_perf(ctx: CheckContext, forward_verdict: str, *, reps: int = 10):
         entry, fn = "fake_quant_stacked", (lambda: stacked(inputs.stacked, inputs.amax, case.fmt, **opts))
     else:
         entry, fn = "fake_quant", (lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
-    call = call_backend(ctx, lambda: time_call(fn, device, reps=reps))
-    if not call.ok and entry == "fake_quant_stacked":
-        entry, fn = "fake_quant", (lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
+    entries = getattr(be, "timed_entries", None)
+    t0 = time.perf_counter()
+    extra: dict = {}
+    if callable(entries):
+        whole = inputs.stacked if case.layout == "stacked" else None
+        timed = call_backend(ctx, lambda: _time_entries(entries(inputs.weights, inputs.amax, case.fmt, stacked=whole, **opts), inputs, case, opts, device, reps))
+        if not timed.ok:
+            return record(ctx, CHECK, "fail", f"backend raised while timed: {timed.message}")
+        (samples, timer), extra = timed.value
+        entry = f"{'fake_quant_stacked' if whole is not None else 'fake_quant'} (public default call)"
+    else:
         call = call_backend(ctx, lambda: time_call(fn, device, reps=reps))
-    if not call.ok:
-        return record(ctx, CHECK, "fail", f"backend raised while timed: {call.message}")
-    samples, timer = call.value
+        if not call.ok and entry == "fake_quant_stacked":
+            entry, fn = "fake_quant", (lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
+            call = call_backend(ctx, lambda: time_call(fn, device, reps=reps))
+        if not call.ok:
+            return record(ctx, CHECK, "fail", f"backend raised while timed: {call.message}")
+        samples, timer = call.value
     t_us = statistics.median(samples)
     gbps = inputs.nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
     pct = 100.0 * gbps / ctx.copy_gbps if ctx.copy_gbps else None
-    perf = Perf(time_us=t_us, gbps=gbps, pct_of_copy=pct, timer=f"{timer}; {entry}", samples_us=tuple(samples), bytes_moved=inputs.nbytes)
-    return record(ctx, CHECK, "pass", f"{entry}: {t_us:.1f} us, {gbps:.2f} GB/s" + (f", {pct:.0f}% of copy" if pct is not None else ""), perf=perf, duration_s=call.seconds)
+    pct_of = lambda us: 100.0 * inputs.nbytes / (us * 1e-6) / 1e9 / ctx.copy_gbps if ctx.copy_gbps and us else None  # noqa: E731
+    if extra:
+        extra.update(pct_kernel=pct_of(extra["kernel_us"]), pct_unchecked=pct_of(extra["unchecked_us"]),
+                     speedup_vs_loop=extra["loop_us"] / t_us if extra.get("loop_us") and t_us > 0 else None)  # fmt: skip
+    perf = Perf(time_us=t_us, gbps=gbps, pct_of_copy=pct, timer=f"{timer}; {entry}", samples_us=tuple(samples), bytes_moved=inputs.nbytes, **extra)
+    msg = f"{entry}: {t_us:.1f} us, {gbps:.2f} GB/s" + (f", {pct:.0f}% of copy" if pct is not None else "")
+    if extra:
+        msg += (f"; kernel {extra['kernel_us']:.1f} us, checks off {extra['unchecked_us']:.1f} us, host {extra['host_us']:.1f} us/call"
+                + (f", {extra['speedup_vs_loop']:.1f}x the per-expert eager loop" if extra.get("speedup_vs_loop") else ""))  # fmt: skip
+    return record(ctx, CHECK, "pass", msg, perf=perf, duration_s=time.perf_counter() - t0)
+
+
+def host_us(fn, device: torch.device, reps: int) -> float:
+    """Median host time (us) of one call of ``fn``, the device idle at the start of each."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    out = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return statistics.median(out)
+
+
+def _time_entries(entries: dict, inputs, case, opts: dict, device: torch.device, reps: int):
+    """Samples of the public default call, plus the other quantities (medians, us)."""
+    from moe_fq_parity import reference
+    from moe_fq_parity.harness.core.timing import time_call
+
+    default = time_call(entries["default"], device, reps=reps)
+    extra = {
+        "kernel_us": statistics.median(time_call(entries["kernel"], device, reps=reps)[0]),
+        "unchecked_us": statistics.median(time_call(entries["unchecked"], device, reps=reps)[0]),
+        "host_us": host_us(entries["default"], device, max(reps, 20)),
+    }
+    ropts = {k: v for k, v in opts.items() if k != "variant"}
+    extra["loop_us"] = statistics.median(time_call(lambda: reference.fake_quant_experts(inputs.weights, inputs.amax, case.fmt, **ropts),
+                                                   device, reps=3, warmup=1)[0])  # fmt: skip
+    return default, extra

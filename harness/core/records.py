@@ -53,6 +53,18 @@ class Perf:
     timer: str
     samples_us: tuple[float, ...]
     bytes_moved: int
+    kernel_us: Optional[float] = None
+    """The kernel alone through a prepared launch (backends with ``timed_entries``)."""
+    unchecked_us: Optional[float] = None
+    """The public call with its value checks off."""
+    host_us: Optional[float] = None
+    """Host time of one public call (``perf_counter``, device idle at the start), median."""
+    loop_us: Optional[float] = None
+    """The per-expert eager loop (``reference.fake_quant_experts``) on the same case, median."""
+    pct_kernel: Optional[float] = None
+    pct_unchecked: Optional[float] = None
+    speedup_vs_loop: Optional[float] = None
+    """``loop_us / time_us``: the public call against the per-expert eager loop."""
 
 
 @dataclass(frozen=True)

@@ -42,26 +42,71 @@ def test_list_errors(make, exc, match: str, device: str) -> None:
         kernels.fake_quant_experts(ws, amax, "int8")
 
 
+CHECKS = [True, "sync"]
+
+
+def _call_and_collect(fn, check):
+    """Run a checked call; with the asynchronous default, also collect what it left pending (on
+    CPU tensors the call raises itself; on a GPU the error comes from ``raise_pending_errors``)."""
+    out = fn(check)
+    kernels.raise_pending_errors()
+    return out
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])
 @pytest.mark.parametrize("value,what", [(float("nan"), "NaN"), (float("inf"), "infinite"), (-1.0, "negative")])
-def test_bad_amax_values_raise_like_the_reference(value: float, what: str, device: str) -> None:
+def test_bad_amax_values_raise_like_the_reference(value: float, what: str, check, device: str) -> None:
     ws = [_w(2, 16, device=device), _w(0, 16, device=device)]
     for amax in (torch.tensor([value, 1.0], device=device), torch.tensor([1.0, value], device=device)):
         with pytest.raises(ValueError, match=f"amax is {what}"):
             reference.fake_quant_experts(ws, amax, "fp8_e4m3")
-        with pytest.raises(ValueError, match=f"amax is {what}"):
-            kernels.fake_quant_experts(ws, amax, "fp8_e4m3")
+        for fmt in ("fp8_e4m3", "int8", "nvfp4"):
+            with pytest.raises(ValueError, match=f"amax is {what}"):
+                _call_and_collect(lambda c: kernels.fake_quant_experts(ws, amax, fmt, check_values=c), check)
+    chan = torch.ones(2, 2, device=device)
+    chan[1, 1] = value  # per channel: the last row of the last expert
+    with pytest.raises(ValueError, match=f"amax is {what}"):
+        _call_and_collect(lambda c: kernels.fake_quant_experts([_w(2, 16, device=device)] * 2, chan, "int8", check_values=c), check)
+    good = kernels.fake_quant_experts(ws, torch.ones(2, device=device), "int8")  # nothing left pending
+    kernels.raise_pending_errors()
+    assert good[0].isfinite().all()
 
 
-def test_value_errors_from_the_kernel_flags(device: str) -> None:
+@pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])
+def test_value_errors_from_the_kernel_flags(check, device: str) -> None:
     w = torch.tensor([[0.5, -0.25, 1.0]], dtype=BF, device=device)
     a = torch.ones(1, device=device)
     with pytest.raises(ValueError, match="negative input"):
-        kernels.fake_quant_experts([w], a, "int8", unsigned=True)
+        _call_and_collect(lambda c: kernels.fake_quant_experts([w], a, "int8", unsigned=True, check_values=c), check)
     nan = torch.tensor([[0.5, float("nan")] + [0.1] * 30], dtype=BF, device=device)
     with pytest.raises(ValueError, match="NaN input"):
-        kernels.fake_quant_experts([nan], a, "nvfp4")
+        _call_and_collect(lambda c: kernels.fake_quant_experts([nan], a, "nvfp4", check_values=c), check)
     with pytest.raises(ValueError, match="NaN input"):
-        kernels.fake_quant(nan.unsqueeze(0), a, "nvfp4")
+        _call_and_collect(lambda c: kernels.fake_quant(nan.unsqueeze(0), a, "nvfp4", check_values=c), check)
+
+
+def test_checked_outputs_are_nan_where_the_input_is_bad(device: str) -> None:
+    """Never a silent wrong result: besides the error, a checked launch writes NaN wherever a bad
+    value acts (whole expert for a bad amax, the element for unsigned negative input)."""
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import parse_spec
+
+    ws = [_w(3, 32, device=device), _w(3, 32, device=device).abs()]
+    ws[1][0, 5] = -0.5
+    for fmt, opts, amax, bad in (("fp8_e4m3", {}, [float("nan"), 1.0], (0, None)), ("int8", {"unsigned": True}, [1.0, 1.0], (1, (0, 5))),
+                                 ("nvfp4", {}, [1.0, -2.0], (1, None))):  # fmt: skip
+        if fmt == "nvfp4":
+            ws[1] = ws[1].abs()
+        a = torch.tensor(amax, device=device)
+        table = launch.expert_table(ws)
+        flat, outs = launch.alloc_outputs(table, BF, ws[0].device)
+        with pytest.raises(ValueError):
+            launch.fwd_list(table, ws, flat, amax_for_list(a, [3, 3], ws[0].device, nvfp4=fmt == "nvfp4"), parse_spec(fmt, None, opts), check="sync")
+        e, elem = bad
+        got = outs[e] if elem is None else outs[e][elem]
+        assert got.isnan().all(), f"{fmt}: bad input must give NaN outputs"
+        assert outs[1 - e].isfinite().all() if elem is None else True
 
 
 def test_unchecked_bad_values_give_the_documented_results(device: str) -> None:

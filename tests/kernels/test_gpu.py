@@ -99,3 +99,94 @@ def test_past_2_pow_31_elements(layout: str) -> None:
         x, got, a, fmt = xs[2], got_all[2], amax[2], "fp8_e4m3"
     for sl in (slice(0, 4), slice(-4, None)):
         assert_same_bits([got[sl]], [reference.fake_quant(x[sl].contiguous(), a, fmt)], case=f"{layout}/rows{sl}")
+
+
+def _graph_capture(step, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """``step`` run eagerly on a side stream ``warmup`` times (tables cached, kernels compiled), then captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+@pytest.mark.parametrize("fmt,per_channel", [("int8", False), ("fp8_e4m3", True), ("nvfp4", False)])
+def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool) -> None:
+    """QuantGroupedLinear forward + clipped backward captured in one CUDA graph, and the functional
+    call with a cached table: replays (after the inputs and amax change in place) give the same bits
+    as eager calls on the same values."""
+    torch.manual_seed(0)
+    n, din, dout = 4, 256, 96
+    layer = kernels.QuantGroupedLinear(n, din, dout, fmt, device="cuda", ste_mode="clipped", per_channel=per_channel, bias=True)
+    with torch.no_grad():
+        for q, w in zip(layer.weight_quantizer, layer.weights()):
+            q._amax.copy_(w.float().abs().amax(dim=-1 if per_channel else None) * 0.8)
+    splits = [5, 0, 7, 4]
+    x = torch.randn(16, din, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(16, dout, device="cuda", dtype=torch.bfloat16)
+    static: dict[str, torch.Tensor] = {}
+
+    def step() -> None:
+        x.grad = None
+        for w in layer.weights():
+            w.grad = None
+        y = layer(x, splits)
+        y.backward(gy)
+        static["y"] = y
+        static["gx"] = x.grad
+        for i, w in enumerate(layer.weights()):
+            static[f"gw{i}"] = w.grad
+
+    ws = [w.detach() for w in layer.weights()]
+    amax = layer.amax_vector()
+    fq: dict[str, list[torch.Tensor]] = {}
+
+    def functional() -> None:
+        fq["out"] = kernels.fake_quant_experts(ws, amax, fmt)
+
+    g_layer = _graph_capture(step)
+    g_fq = _graph_capture(functional)
+    for trial in range(2):
+        with torch.no_grad():  # new values at the same addresses
+            x.copy_(torch.randn_like(x))
+            gy.copy_(torch.randn_like(gy))
+            amax.mul_(0.9)
+        g_layer.replay()
+        g_fq.replay()
+        torch.cuda.synchronize()
+        replayed = {k: v.clone() for k, v in static.items()}
+        replayed_fq = [t.clone() for t in fq["out"]]
+        step()
+        functional()
+        torch.cuda.synchronize()
+        for k, v in static.items():
+            assert_same_bits([replayed[k]], [v], case=f"{fmt}/graph/trial{trial}/{k}")
+        assert_same_bits(replayed_fq, fq["out"], case=f"{fmt}/graph/functional")
+        assert_same_bits(fq["out"], reference.fake_quant_experts(ws, amax, fmt), case=f"{fmt}/graph/reference")
+    kernels.raise_pending_errors()
+
+
+def test_default_checks_do_not_sync_and_raise_later() -> None:
+    """``check_values=True`` on the GPU: the call returns without waiting for the device (a long
+    kernel queued first is still running), the outputs of the bad expert are NaN, and the error is
+    raised by ``raise_pending_errors`` (or the next checked call), then cleared."""
+    ws = [torch.randn(64, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    amax = torch.tensor([1.0, float("nan")], device="cuda")
+    kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")  # compile + cache outside the timing
+    kernels.raise_pending_errors()
+    torch.cuda._sleep(2_000_000_000 // 1000)  # ~1 ms of device work ahead of the call (cycles)
+    done = torch.cuda.Event()
+    out = kernels.fake_quant_experts(ws, amax, "int8")
+    done.record()
+    assert not done.query(), "the checked call waited for the device"
+    torch.cuda.synchronize()
+    assert out[1].isnan().all() and out[0].isfinite().all()
+    with pytest.raises(ValueError, match="amax is NaN.*earlier checked kernel call"):
+        kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")  # the copy has landed: raised here
+    kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")
+    kernels.raise_pending_errors()  # cleared: nothing left

@@ -99,6 +99,10 @@ def test_a_bad_amax_written_later_is_caught(device: str) -> None:
         layer.weight_quantizer[2]._amax.fill_(float("nan"))
     with pytest.raises(ValueError, match="amax is NaN"):
         layer.quantized_weights()
+        kernels.raise_pending_errors()  # on a GPU the default checks do not block the forward
+    layer.check_values = "sync"
+    with pytest.raises(ValueError, match="amax is NaN"):
+        layer.quantized_weights()
 
 
 def test_calibration_uses_the_reference_then_the_kernel_agrees(device: str) -> None:

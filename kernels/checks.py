@@ -1,0 +1,136 @@
+"""Value checks of the forward kernel without a host sync: device flags, deferred errors.
+
+The forward kernel, when checking (``CHECK``), stores 1 into slots of an int32 flag buffer:
+
+====  ==========================================================================================
+slot  set when
+====  ==========================================================================================
+0     amax is NaN (any entry, empty experts included)
+1     amax is +-inf
+2     amax is negative
+3     unsigned INT got a negative input element
+4     NVFP4 got a NaN input element
+====  ==========================================================================================
+
+and writes the canonical NaN where the bad value acts (every output of an expert or row whose
+amax is bad, the negative element of an unsigned INT input, the 16-element block of an NVFP4 NaN):
+a checked call never returns finite numbers computed from bad input.
+
+``check_values`` of the public calls:
+
+* ``True`` (default): **no host sync**.  On a CUDA device the flags go to a per-device *sticky*
+  buffer, copied after each launch into pinned host memory (``non_blocking``).  The error is raised
+  as ``ValueError`` (the reference's message) by the first checked call on that device that finds
+  the copy landed (any synchronisation the caller makes guarantees it), or by
+  ``kernels.raise_pending_errors()`` (one sync).  Host cost: one small asynchronous copy per call.
+  Capturable in a CUDA graph (the buffers never move; replays keep checking; what a replay finds
+  reaches the host with the next eager checked call or ``raise_pending_errors``).  On CPU tensors
+  (Triton's interpreter) there is nothing to wait for: the call raises itself.
+* ``"sync"``: the call raises itself, after one device sync (not capturable): what a parity
+  harness needs to compare rejections with the reference call by call.
+* ``False``: no flags, no NaN poisoning; bad values give the results documented in
+  ``kernels/fwd_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SLOTS = 5
+AMAX_NAN, AMAX_INF, AMAX_NEG, UNSIGNED_NEG, NVFP4_NAN = range(SLOTS)
+CHECK_MODES = (True, False, "sync")
+
+_MESSAGES = (
+    "amax is NaN; amax must be finite and >= 0",
+    "amax is infinite; amax must be finite and >= 0",
+    "amax is negative; amax must be finite and >= 0",
+    "unsigned INT quantization got negative input values (Model-Optimizer rejects them too)",
+    "NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined",
+)
+
+
+def check_mode(check_values) -> bool | str:
+    """Validate ``check_values`` (``True``, ``False`` or ``"sync"``)."""
+    if check_values is True or check_values is False or check_values == "sync":
+        return check_values
+    raise ValueError(f"check_values must be True (asynchronous), False or 'sync', got {check_values!r}")
+
+
+def raise_flags(values, deferred: bool = False) -> None:
+    """Raise ``ValueError`` for the first set slot (amax first, as the reference checks it first)."""
+    for v, msg in zip(values, _MESSAGES):
+        if v:
+            if deferred:
+                msg += (" (found by the device-side checks of an earlier checked kernel call on this device; "
+                        "its outputs hold NaN where the input was bad)")  # fmt: skip
+            raise ValueError(msg)
+
+
+class _DeviceLog:
+    """Sticky device flags of one CUDA device and their pinned host mirror."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.flags = torch.zeros(SLOTS, dtype=torch.int32, device=device)
+        self.mirror = torch.zeros(SLOTS, dtype=torch.int32, pin_memory=True)
+        self.view = self.mirror.numpy()  # reads pinned memory without a torch op
+
+    def pending(self) -> bool:
+        return bool(self.view.any())
+
+    def raise_and_reset(self) -> None:
+        values = self.view.tolist()
+        self.flags.zero_()
+        torch.cuda.current_stream(self.flags.device).synchronize()  # error path: the reset lands first
+        self.mirror.zero_()
+        raise_flags(values, deferred=True)
+
+
+_LOGS: dict[torch.device, _DeviceLog] = {}
+
+
+def device_log(device: torch.device) -> _DeviceLog:
+    log = _LOGS.get(device)
+    if log is None:
+        log = _LOGS[device] = _DeviceLog(device)
+    return log
+
+
+def flags_for(device: torch.device, mode: bool | str) -> torch.Tensor | None:
+    """The flag buffer a launch writes: the sticky per-device one (asynchronous CUDA checks, after
+    raising any error an earlier call left), a fresh zeroed one (``"sync"``, CPU) or ``None``."""
+    if not mode:
+        return None
+    if mode is True and device.type == "cuda":
+        log = device_log(device)
+        if log.pending():
+            log.raise_and_reset()
+        return log.flags
+    return torch.zeros(SLOTS, dtype=torch.int32, device=device)
+
+
+def after_launch(flags: torch.Tensor, device: torch.device, mode: bool | str) -> None:
+    """Asynchronous CUDA checks: queue the copy of the flags to the host; otherwise read them now."""
+    if mode is True and device.type == "cuda":
+        if not torch.cuda.is_current_stream_capturing():  # a replayed graph's flags reach the host
+            log = device_log(device)  # with the next eager checked call or raise_pending_errors
+            log.mirror.copy_(log.flags, non_blocking=True)
+    else:
+        raise_flags(flags.tolist())
+
+
+def raise_pending_errors(device: torch.device | str | None = None, *, sync: bool = True) -> None:
+    """Raise the ``ValueError`` an earlier asynchronously checked call found on ``device`` (all
+    devices used so far when ``None``).  ``sync=True`` waits for the device first (one sync)."""
+    if device is None:
+        devices = list(_LOGS)
+    else:
+        d = torch.device(device)
+        devices = [torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d]
+    for d in devices:
+        log = _LOGS.get(d)
+        if log is None:
+            continue
+        if sync:  # read the device flags themselves: includes what graph replays found
+            log.mirror.copy_(log.flags)
+        if log.pending():
+            log.raise_and_reset()
