@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# The GPU nightly job, in phases (each fits one device call; run them on one warm machine):
+# The GPU nightly job, in three phases (run them one after the other on one GPU host):
 #
 #   bash scripts/gpu_nightly.sh tests     # pytest -m gpu over reference/kernels/moe/external + device parity
 #   bash scripts/gpu_nightly.sh report    # nightly parity report (triton; all sections) + modelopt INT/FP8 run
 #   bash scripts/gpu_nightly.sh extra     # kernel benchmark, 20-seed no-false-positive run, 10k Hypothesis examples
 #
 # Outputs go under $OUT (default ./gpu-out).  Model-Optimizer / Transformer Engine are used when
-# scripts/gpu_setup_modelopt.sh / gpu_setup_te.sh installed them on this machine (PYTHONPATH below).
+# installed in this Python (docs/offline-gpu-hosts.md for hosts without a package index).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-for site in /tmp/site /root/te/site; do [ -d "$site" ] && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}; done
 # The harness installs editable without touching the image's torch/triton (no index needed).
 python3 -c "import moe_fq_parity.harness" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 rc=0
