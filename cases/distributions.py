@@ -19,7 +19,7 @@ some also return the amax they were built for (``design`` amax policy):
 * ``neartie``  -- near ties at an arbitrary (not power-of-two) scale (INT, FP8): per expert (per row
   for per-channel) a random input ``x0`` and grid midpoint ``m``, amax ``= c / (m / x0)`` in fp32, so
   ``x0 * s`` lands within a few fp32 ulps of ``m``; a quarter of the elements are ``±x0``.  Op orders
-  whose scale differs in the last bit (``reciprocal``, ``step``) flip some of these (FINDINGS §2, §5).
+  whose scale differs in the last bit (``reciprocal``, ``step``) flip some of these (docs/measured.md §2, §5).
 * ``edges``    -- values at amax, one input ulp either side of it, at 2x amax (clipping), designed amax.
 * ``special``  -- ±0, subnormals of the input dtype, the dtype's max; NaN and ±inf for INT/FP8
   (defined there); designed amax cycles over experts/rows: the max of the ordinary values (the

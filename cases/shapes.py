@@ -7,7 +7,7 @@ NEMOTRON: dict[str, dict[str, tuple[int, int]]] = {
     "super": {"fc1": (2688, 1024), "fc2": (1024, 2688)},
     "ultra": {"fc1": (5120, 2048), "fc2": (2048, 5120)},
 }
-"""Routed-expert ``[out, in]`` of Nemotron 3 Nano / Super / Ultra (shared/MOE.md)."""
+"""Routed-expert ``[out, in]`` of Nemotron 3 Nano / Super / Ultra (NVIDIA's Megatron-LM post-training example configs)."""
 
 NEMOTRON_EXPERTS = {"nano": 128, "super": 512, "ultra": 512}
 """Routed experts per MoE layer; local N under expert parallelism is experts // EP."""

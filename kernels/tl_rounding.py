@@ -1,7 +1,7 @@
 """Triton rounding primitives that give the same bits on a GPU and under ``TRITON_INTERPRET=1``.
 
 Triton's CPU interpreter truncates fp32->bf16 casts, drops carries in fp8 casts and cannot run
-libdevice (FINDINGS §1).  Every helper here is therefore built from operations whose result IEEE
+libdevice (docs/measured.md §1).  Every helper here is therefore built from operations whose result IEEE
 754 fixes exactly and that both back ends implement the same way:
 
 * fp32 ``+ - *`` (round to nearest even; the kernels are compiled with ``enable_fp_fusion=False``

@@ -10,7 +10,7 @@ Numeric contract
   asserts on it).
 * Output dtype = input dtype, rounded to nearest even from fp32.
 
-Default variant ``cuda`` (Model-Optimizer CUDA extension, FINDINGS §5), fp32 op sequence::
+Default variant ``cuda`` (Model-Optimizer CUDA extension, docs/measured.md §5), fp32 op sequence::
 
     1. s = RN(qmax / amax)            true IEEE division (tensor / tensor, never a CPU scalar)
     2. v = RN(x * s)
@@ -33,7 +33,7 @@ torch evaluates as ``reciprocal(amax) * qmax``)::
     1. s = RN(RN(1 / amax) * qmax);   amax <= 2**-24 -> s = 0
     2-5 as ``eager``
 
-Variant ``step`` (the public branch kernel of FINDINGS §5)::
+Variant ``step`` (the public branch kernel of docs/measured.md §5)::
 
     1. step = RN(amax / qmax)   2. v = RN(x / step)   3-4 as above   5. y = RN(q * step)
     amax < 2**-24 -> +0.

@@ -8,7 +8,7 @@ Numeric contract
   The comparison is inclusive (``|x| == amax`` keeps its gradient), done in fp32 after an exact
   upcast of ``x``; NaN ``x`` gives ``+0``; amax is broadcast per tensor / expert / channel
   exactly as in the forward (``reference.granularity``).  For NVFP4 ``amax`` is the global amax.
-  Output dtype = ``grad_out`` dtype.  (Matches the CUDA extension vectors of FINDINGS §7.)
+  Output dtype = ``grad_out`` dtype.  (Matches the CUDA extension vectors of docs/measured.md §7.)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ MAX_ULP: dict[str, int] = {"strict": 0, "1-ulp": 1}
 
 TIE_WINDOW_FP32_ULPS = 4
 """A mismatch is a *tie flip* when the reference's pre-rounding value lies within this many
-fp32 ulps of a rounding boundary of the format's grid (FINDINGS §2: a one-ulp scale difference
+fp32 ulps of a rounding boundary of the format's grid (docs/measured.md §2: a one-ulp scale difference
 moves ``x*s`` across a tie)."""
 
 SLOWDOWN_THRESHOLD = 0.10

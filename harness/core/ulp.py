@@ -1,6 +1,6 @@
 """ULP distance and per-element mismatch classification (all ULP logic lives here).
 
-Ordered-integer ULP distance (FINDINGS §4): view the float's bits as a signed integer ``i`` and
+Ordered-integer ULP distance (docs/measured.md §4): view the float's bits as a signed integer ``i`` and
 map it to ``o = i if i >= 0 else MIN - i`` (``MIN = -2**15`` for bf16/fp16, ``-2**31`` for fp32).
 Then ``|o_a - o_b|`` is monotone, puts adjacent finite values 1 apart and makes ``+0 == -0``.
 NaN and ±inf are accounted separately, never through the integer distance.
@@ -12,7 +12,7 @@ Classes of an element (reference ``expected``, backend ``got``):
 * ``ulp1``      -- 1 ULP apart;
 * ``tie_flip``  -- more than 1 ULP apart *and* the reference's pre-rounding value lies within
   ``TIE_WINDOW_FP32_ULPS`` fp32 ulps of a rounding boundary of the format's grid: the signature
-  of a different-but-legitimate fp32 op order (FINDINGS §2), reported apart from real errors;
+  of a different-but-legitimate fp32 op order (docs/measured.md §2), reported apart from real errors;
 * ``error``     -- everything else, including any NaN/inf disagreement.
 """
 

@@ -92,7 +92,7 @@ def test_outties_land_on_output_cast_ties(fmt):
 
 
 def test_neartie_separates_op_orders():
-    """The INT ``step`` variant disagrees with ``cuda`` on some neartie elements (FINDINGS §5)."""
+    """The INT ``step`` variant disagrees with ``cuda`` on some neartie elements (docs/measured.md §5)."""
     inp = make_inputs(_case(n=16, shape=(16, 64), dist="neartie", amax="design"))
     diffs = sum(int((reference.fake_quant(w, a, "int8") != reference.fake_quant(w, a, "int8", "step")).sum())
                 for w, a in zip(inp.weights, inp.amax))

@@ -24,7 +24,7 @@ class _Base:
 
 
 class StepVariant(_Base):
-    """Computes INT with the ``step`` variant (FINDINGS §5's one-integer flips) whatever is asked."""
+    """Computes INT with the ``step`` variant (docs/measured.md §5's one-integer flips) whatever is asked."""
 
     name = "step-variant"
 

@@ -27,7 +27,7 @@ from moe_fq_parity.harness.core.ulp import bits_equal
 pytestmark = pytest.mark.gpu
 
 SHAPE = ExpertShape(4, 512, 256, 40)
-"""FINDINGS §8: ``GroupedLinear(4, 256, 512, bias=False, params_dtype=bf16)``, routing ``[10, 0, 20, 10]``."""
+"""docs/measured.md §8: ``GroupedLinear(4, 256, 512, bias=False, params_dtype=bf16)``, routing ``[10, 0, 20, 10]``."""
 SPECS = [
     (QuantSpec("fp8_e4m3", "per_tensor"), QuantSpec("fp8_e4m3", "per_tensor")),
     (QuantSpec("int8", "per_channel"), QuantSpec("int8", "per_tensor")),
@@ -63,10 +63,10 @@ def test_real_module_has_te_parameter_names(bias):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("routing", ["findings", "calib", "all_routed"])
+@pytest.mark.parametrize("routing", ["measured", "calib", "all_routed"])
 def test_twin_and_real_outputs_are_bitwise_equal(bias, routing):
     data, layers = _pair(bias)
-    if routing == "findings":
+    if routing == "measured":
         splits = [10, 0, 20, 10]
         x = data.routings["all_routed"][0][:40]
     else:
@@ -98,7 +98,7 @@ def test_section_on_cuda_runs_real_module_rows():
 
 
 def test_modelopt_quantizers_on_real_module():
-    """FINDINGS §8: weight_quantizer.{i} per expert (== ours), one shared input amax (== ours, shared)."""
+    """docs/measured.md §8: weight_quantizer.{i} per expert (== ours), one shared input amax (== ours, shared)."""
     mtq = pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed")
     data, layers = _pair(bias=False)
     te_layer = layers["te"]

@@ -48,7 +48,7 @@ def e4m3_round(v: np.ndarray) -> np.ndarray:
 
 
 def int_fake_quant_bits(x_bits: np.ndarray, amax: float, num_bits: int, narrow: bool) -> np.ndarray:
-    """CUDA-extension INT formula on bf16 bit patterns (FINDINGS §5), numpy fp32."""
+    """CUDA-extension INT formula on bf16 bit patterns (docs/measured.md §5), numpy fp32."""
     x = f32_from_bf16_bits(x_bits)
     qmax = np.float32(2 ** (num_bits - 1) - 1)
     lo = -qmax if narrow else -qmax - np.float32(1)

@@ -19,7 +19,7 @@ E4M3_NAMED = {
     "min_subnormal_2^-9": (0x3B000000, 0x3B000000),
     "half_min_subnormal_ties_to_zero": (0x3A800000, 0x00000000),
     "neg_zero_kept": (0x80000000, 0x80000000),
-    "carry_into_exponent_31.6_to_32": (0x41FCCCCD, 0x42000000),  # FINDINGS §1: interpreter gave 16
+    "carry_into_exponent_31.6_to_32": (0x41FCCCCD, 0x42000000),  # docs/measured.md §1: interpreter gave 16
     "carry_126.3_to_128": (0x42FC9999, 0x43000000),
 }
 
@@ -75,7 +75,7 @@ def test_e4m3_matches_torch_cast_inside_range(all_bf16):
 
 
 def test_e2m1_matches_threshold_table():
-    """Transformer Engine's threshold table (FINDINGS §5) on a dense sweep of [-7, 7]."""
+    """Transformer Engine's threshold table (docs/measured.md §5) on a dense sweep of [-7, 7]."""
     v = torch.linspace(-7, 7, 200001, dtype=torch.float32)
     v = torch.cat([v, torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]), -torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])])
     a = v.abs()

@@ -5,7 +5,7 @@
   ``fsync`` (test data; several times faster on slow disks).
 * ``MegatronEngine`` -- Megatron-Core ``dist_checkpointing`` (same DCP format on disk) with
   ``ShardedTensor.from_rank_offsets``; optional: ``available()`` says why it cannot run (not
-  importable; or a CPU device, since it calls ``torch.cuda`` unconditionally, MOE.md).
+  importable; or a CPU device, since it calls ``torch.cuda`` unconditionally).
 
 ``load_checked`` is the one way the checks load: every rank reads the metadata through the
 allow-list (``safe_io``) and compares keys, shapes and dtypes with the target; the ranks agree

@@ -5,7 +5,7 @@
   inclusive at ``|x| == amax``, NaN ``x`` -> +0).  Inputs hold the special values that decide it.
 * Calibration: ``backend.max_calibrate`` (Model-Optimizer's ``TensorQuantizer``) over two batches
   vs ``reference.max_calibrate`` + ``update_running_amax``, value for value, and the amax dtype
-  (Model-Optimizer keeps the batches' dtype, FINDINGS §5).
+  (Model-Optimizer keeps the batches' dtype, docs/measured.md §5).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from moe_fq_parity.reference.nvfp4 import block_amax
 from ._imports import try_import
 
 MODELOPT_VERSION = "0.47.0"
-"""The release whose semantics FINDINGS §5-§7 describe; another version is reported, not refused."""
+"""The release whose semantics docs/measured.md §5-§7 describe; another version is reported, not refused."""
 
 _TENSOR_QUANT = "modelopt.torch.quantization.tensor_quant"
 _INT_OPTIONS = frozenset({"narrow_range", "unsigned"})

@@ -1,6 +1,6 @@
 """Inputs that tell fake-quant op orders apart: every bf16 bit pattern, and constructed near ties.
 
-Random data almost never separates two legitimate fp32 op orders (FINDINGS §6): a bf16 ``x``
+Random data almost never separates two legitimate fp32 op orders (docs/measured.md §6): a bf16 ``x``
 (8 significant bits) times a random fp32 scale lands within a few fp32 ulps of a rounding
 boundary about once in millions.  Two constructions make it happen on purpose, for a format
 with scale numerator ``num`` and grid ``G`` (``cases.grids``: INT qmax and integers, FP8 448 and E4M3):

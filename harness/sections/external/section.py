@@ -47,7 +47,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("te-current", "fp8_e4m3"): "cuda",
     ("te", "nvfp4"): "te",
 }
-"""The reference variant each external path is expected to match (FINDINGS §5-§7; the eager
+"""The reference variant each external path is expected to match (docs/measured.md §5-§7; the eager
 path's op order as measured here: ``eager`` is not yet a reference variant, see the README)."""
 
 COLUMNS = ["backend", "format", "options", "expected", "matched", "mismatches", "elements", "near_ties"]

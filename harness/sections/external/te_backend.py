@@ -1,8 +1,8 @@
 """Transformer Engine's own quantizers as contract backends: quantize, then dequantize.
 
-TE does not import without CUDA and cuDNN (``../shared/MOE.md``); ``available()`` says so and
-the harness skips these backends with that reason.  On a GPU machine TE is assembled by
-``scripts/gpu_setup_te.sh`` (FINDINGS §8).  Two objects, one per TE scaling recipe:
+TE does not import without CUDA and cuDNN (``docs/measured.md`` §8); ``available()`` says so and
+the harness skips these backends with that reason.  On a GPU host: ``pip install 'moe-fq-parity[te]'``
+(without a package index: ``docs/offline-gpu-hosts.md``).  Two objects, one per TE scaling recipe:
 
 * ``te`` -- FP8: ``Float8Quantizer`` (delayed scaling) given the scale ``RN(448 / amax)``
   (a true fp32 division on the GPU, amax <= 2**-24 taken as 1: the reference's ``cuda`` scale), so the
@@ -29,7 +29,7 @@ from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_BLOCK, TINY_AMAX
 from ._imports import try_import
 
 TE_VERSION_TESTED = "2.20.2"
-"""The TE release FINDINGS §8 assembled on the GPU machines."""
+"""The TE release measured in ``docs/measured.md`` §8."""
 
 
 def te_version() -> str | None:

@@ -17,7 +17,7 @@ input ``MaxQuantizer`` to every ``local_experts.{i}`` (state keys
 Input-amax layouts (``INPUT_LAYOUTS``):
 
 * ``shared``     -- one amax for all experts: max over all routed tokens (Model-Optimizer's
-  grouped-layer input quantizer, FINDINGS §8); grouped layer only;
+  grouped-layer input quantizer, docs/measured.md §8); grouped layer only;
 * ``per_expert`` -- one amax per expert from its own routed tokens (plain per-expert modules);
 * ``synced``     -- per-expert amax, then max-synced across the local experts after calibration
   (Megatron SequentialMLP).  Bitwise equal to ``shared`` by construction of max.

@@ -1,6 +1,6 @@
 """Thin adapter: the real Transformer Engine ``GroupedLinear`` when it can run here, else the twin.
 
-Assumptions about the real module (TE 2.14-2.20, FINDINGS §8, MOE.md), each checked by
+Assumptions about the real module (TE 2.14-2.20, docs/measured.md §8), each checked by
 ``tests/moe/test_te_parity.py`` on a GPU machine:
 
 1. ``transformer_engine.pytorch`` imports only with CUDA and cuDNN; the import is lazy (never at
