@@ -7,7 +7,7 @@ import pytest
 
 from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
 from moe_fq_parity.harness.sections.dist.quant import QUANT_FORMATS
-from moe_fq_parity.harness.sections.dist.shards import QLAYOUTS
+from moe_fq_parity.harness.sections.dist.shards import QLAYOUTS, qlayout_applies
 
 from .conftest import MAX_WORLD
 
@@ -50,11 +50,26 @@ def test_matrix_covers_issue_6_layouts():
     assert {(lay.tp, lay.ep) for lay in LAYOUTS} == {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4)}
 
 
+VECTOR_FORMATS = [q for q, f in QUANT_FORMATS.items() if qlayout_applies("vector_per_key", f)]
+CHECKPOINTS = sum(qlayout_applies(ql, f) for ql in QLAYOUTS for f in QUANT_FORMATS.values())
+"""Checkpoints per save layout: every format in every quantizer layout it is written in."""
+
+
+def _refused(save, load) -> int:
+    """``vector_per_key`` keys are local: loads onto ranks holding more experts than the writer's are refused."""
+    return len(VECTOR_FORMATS) if load.num_local_experts(8) > save.num_local_experts(8) else 0
+
+
 @pytest.mark.parametrize("save,load", [(s, lo) for s in LAYOUTS for lo in LAYOUTS], ids=lambda lay: lay.id)
 def test_roundtrip(gloo_run, save, load):
     """Saved under ``save``, loaded under ``load``: every expert's amax, weight and fake-quantized
-    weight equals the single-process copy and the TP=1/EP=1 truth, both quantizer layouts, all formats."""
-    _all_pass(gloo_run.rows(f"roundtrip/{save.id}->{load.id}/"), len(QLAYOUTS) * len(QUANT_FORMATS))
+    weight equals the single-process copy and the TP=1/EP=1 truth, every quantizer layout, all
+    formats; the ``[N_global]``-vector checkpoints a layout cannot read are refused on every rank
+    with the missing key named."""
+    refused = gloo_run.rows(f"refused/{save.id}->{load.id}/")
+    _all_pass(gloo_run.rows(f"roundtrip/{save.id}->{load.id}/"), CHECKPOINTS - _refused(save, load))
+    _all_pass(refused, _refused(save, load))
+    assert all("vector_per_key" in r.id and "missing" in r.message for r in refused)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.id)
@@ -66,7 +81,7 @@ def test_layout_invariance(gloo_run, layout):
 
 def test_checkpoint_content(gloo_run):
     """Each checkpoint, loaded whole by one process without a process group, holds the truth."""
-    _all_pass(gloo_run.rows("content/"), len(LAYOUTS) * len(QLAYOUTS) * len(QUANT_FORMATS))
+    _all_pass(gloo_run.rows("content/"), len(LAYOUTS) * CHECKPOINTS)
 
 
 @pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.ep > 1], ids=lambda lay: lay.id)
@@ -75,8 +90,9 @@ def test_local_index_writer_is_caught(gloo_run, layout):
     both the content check and the same-layout round trip, in both quantizer layouts."""
     content = gloo_run.rows(f"negative/local_index/content/{layout.id}/")
     roundtrip = gloo_run.rows(f"negative/local_index/{layout.id}->{layout.id}/")
-    _all_pass(content, 2 * len(QLAYOUTS))
-    _all_pass(roundtrip, 2 * len(QLAYOUTS))
+    local_qlayouts = [q for q in QLAYOUTS if q != "vector_per_key"]
+    _all_pass(content, 2 * len(local_qlayouts))
+    _all_pass(roundtrip, 2 * len(local_qlayouts))
     assert all("caught" in r.message for r in content + roundtrip)
 
 
@@ -136,3 +152,32 @@ def test_ep_sync_on_per_expert_state_is_reported_with_expert_indices(gloo_run, l
     for r in rows:
         assert "per-expert granularity violation" in r.message and "experts [" in r.message, r.message
         assert r.fields["experts_changed"], r.fields
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.id)
+def test_vector_format_writer_forcing_per_channel_amax_is_caught(gloo_run, layout):
+    """Negative control: a per-channel amax squeezed into the ``[N_global]`` vector fails the
+    content check and the same-layout round trip."""
+    content = gloo_run.rows(f"negative/vector_channel/content/{layout.id}/")
+    roundtrip = gloo_run.rows(f"negative/vector_channel/{layout.id}->{layout.id}/")
+    _all_pass(content + roundtrip, 2)
+
+
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.tp > 1], ids=lambda lay: lay.id)
+def test_vector_sliced_at_the_global_rank_is_caught(gloo_run, layout):
+    """Negative control: under TP > 1, slicing the vector at the global rank instead of the EP rank."""
+    rows = gloo_run.rows("negative/vector_global_rank/")
+    rows = [r for r in rows if f"->{layout.id}/" in r.id]
+    _all_pass(rows, 2)
+
+
+def test_vector_size_mismatch_is_refused_unless_opted_in(gloo_run):
+    """A vector of the wrong size: refused with the key and both sizes; skipped *and reported*
+    when opted in; a loader that skips it silently is caught by the state check."""
+    refused = gloo_run.rows("vector_size/refused/")
+    _all_pass(refused, len(VECTOR_FORMATS))
+    assert all("(7,)" in r.message and "(8,)" in r.message and "weight_quantizer_0." in r.message for r in refused)
+    _all_pass(gloo_run.rows("vector_size/opt_in_skip/"), len(VECTOR_FORMATS))
+    silent = gloo_run.rows("negative/vector_silent_skip/")
+    _all_pass(silent, len(VECTOR_FORMATS))
+    assert all("got nan" in r.message for r in silent)

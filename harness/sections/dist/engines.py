@@ -141,10 +141,10 @@ _ERROR_KINDS: dict[str, type[CheckpointError]] = {
 }
 
 
-def _precheck(path: str, expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> list[str]:
+def _precheck(path: str, expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]], tolerated: Mapping = {}) -> list[str]:
     """``["kind|message", ...]`` for this rank (empty when the checkpoint fits)."""
     try:
-        misfits = check_entries(read_metadata(path), expected)
+        misfits = check_entries(read_metadata(path), expected, tolerated=tolerated)
     except UnsafeCheckpointError as exc:
         return [f"unsafe|{exc}"]
     except CheckpointError as exc:
@@ -162,17 +162,19 @@ def load_checked(
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
     path: str,
     ctx: RankContext,
+    tolerated: Mapping[str, tuple[tuple[int, ...], torch.dtype]] = {},
 ) -> dict[str, torch.Tensor]:
     """Validate on every rank, agree, then load ``specs`` in place; returns key -> local tensor.
 
     ``expected`` is the *whole* target checkpoint (``key -> (global shape, dtype)``), not only
-    this rank's keys, so extra experts in the checkpoint are caught too.  Raises a
+    this rank's keys, so extra experts in the checkpoint are caught too (``tolerated``: extra
+    keys that are redundant copies, ``safe_io.check_entries``).  Raises a
     ``CheckpointError`` subclass on every rank, with the same message, when anything misfits.
     """
     if not os.path.isdir(path):
         problems = [f"corrupt|checkpoint {path}: not a directory"]
     else:
-        problems = _precheck(path, expected)
+        problems = _precheck(path, expected, tolerated)
     problems = ctx.agree(problems)
     if problems:
         kind = problems[0].split("|", 1)[0]

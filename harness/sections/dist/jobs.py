@@ -21,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from .engines import ENGINES, load_checked
 from .launch import RankContext
 from .model import FCS, MoEConfig, local_weights
 from .quant import calibrate, fake_quant_local, quant_format, quant_params, sync_ep, sync_tp
 from .safe_io import CheckpointError
-from .shards import LocalState, expected_entries, field_dtypes, from_loaded, key_plan, template_specs, to_specs
+from .shards import LocalState, expected_entries, field_dtypes, from_loaded, full_vectors, key_plan, template_specs, to_specs, tolerated_entries
 
 NO_GLOBAL_SYNC = "no_global_sync"
 """Key of the negative-control calibration (sync forgets ``_global_amax``) in a save result."""
@@ -110,8 +111,27 @@ def save_job(ctx: RankContext, p: SavePayload) -> dict:
     for task in p.tasks:
         qf = quant_format(task.qf_id)
         plan = key_plan(p.cfg, ctx.layout, ctx.coords, task.qlayout, qf, task.index_mode)
-        engine.save(to_specs(LocalState(w, states[task.qf_id]), plan), task.path, ctx)
+        state = LocalState(w, states[task.qf_id])
+        if task.qlayout == "vector_per_key":
+            state = _gather_vectors(ctx, state, qf, task.index_mode)
+        engine.save(to_specs(state, plan), task.path, ctx)
     return {"coords": [ctx.coords.ep, ctx.coords.tp], "calib": calib}
+
+
+def _gather_vectors(ctx: RankContext, state: LocalState, qf, index_mode: str) -> LocalState:
+    """The ``vector_per_key`` writer: each vector buffer's ``[n_local]`` values all-gathered over
+    the EP group (in EP-rank order) into the ``[E]`` vector every rank writes."""
+    local = full_vectors(state, qf, index_mode)
+    group = ctx.group("ep")
+    if group is None:
+        return local
+    vectors: dict[str, dict[str, torch.Tensor]] = {}
+    for fc, bufs in local.vectors.items():
+        for name, t in bufs.items():
+            parts = [torch.empty_like(t) for _ in range(ctx.layout.ep)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            vectors.setdefault(fc, {})[name] = torch.cat(parts)
+    return LocalState(state.weights, state.quant, vectors)
 
 
 def _load_one(ctx: RankContext, task: CkptTask, engine_name: str) -> dict:
@@ -120,7 +140,8 @@ def _load_one(ctx: RankContext, task: CkptTask, engine_name: str) -> dict:
     dtypes = field_dtypes(task.cfg, qf)
     specs = template_specs(plan, ctx.layout, dtypes, ctx.device)
     expected = expected_entries(task.cfg, ctx.layout, task.qlayout, qf, task.index_mode)
-    loaded = load_checked(ENGINES[engine_name], specs, expected, task.path, ctx)
+    tolerated = tolerated_entries(task.cfg, ctx.layout, task.qlayout, qf)
+    loaded = load_checked(ENGINES[engine_name], specs, expected, task.path, ctx, tolerated)
     raw = {s.key: {"offsets": list(s.offsets(ctx.coords)), "local": loaded[s.key].detach().cpu()} for s in specs}
     out: dict = {"ok": True, "raw": raw}
     try:

@@ -24,9 +24,9 @@ from moe_fq_parity.harness.core.ulp import bits_equal
 from .checks import TensorDiff, Verdict, assemble, canonical_pieces, diff_bits, missing, verdict_from_diffs
 from .layout import Coords, Layout
 from .model import FCS, MoEConfig
-from .oracle import Truth, oracle_state
+from .oracle import TRUTH_LAYOUT, Truth, oracle_state
 from .quant import QuantFormat, fake_quant_local, quant_format
-from .shards import field_tp_axis, from_loaded, key_plan
+from .shards import field_tp_axis, from_loaded, key_plan, tolerated_entries
 
 Report = tuple[Coords, dict[str, torch.Tensor]]
 """One rank's ``"{fc}/{field}" -> [n_local, ...]`` tensors with its mesh coordinates."""
@@ -106,7 +106,7 @@ def _rank_errors(results: list[dict]) -> list[str]:
     return [f"rank {r}: {res['error']}: {res['message']}" for r, res in enumerate(results) if not res["ok"]]
 
 
-def _engine_diffs(results: list[dict], oracle: dict[str, torch.Tensor]) -> tuple[list[TensorDiff], list[str]]:
+def _engine_diffs(results: list[dict], oracle: dict[str, torch.Tensor], redundant: frozenset[str] = frozenset()) -> tuple[list[TensorDiff], list[str]]:
     by_key: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = {}
     for res in results:
         for key, piece in res["raw"].items():
@@ -118,14 +118,14 @@ def _engine_diffs(results: list[dict], oracle: dict[str, torch.Tensor]) -> tuple
             continue
         full, problems = assemble(pieces, tuple(oracle[key].shape), oracle[key].dtype)
         diffs.append(diff_bits(f"load:{key}", oracle[key], full, note="; ".join(problems)))
-    unloaded = [f"key {k!r} loaded by no rank" for k in oracle if k not in by_key]
+    unloaded = [f"key {k!r} loaded by no rank" for k in oracle if k not in by_key and k not in redundant]
     return diffs, unloaded
 
 
-def _oracle_fq(oracle: dict[str, torch.Tensor], cfg: MoEConfig, qlayout: str, qf_id: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _oracle_fq(oracle: dict[str, torch.Tensor], cfg: MoEConfig, qlayout: str, qf_id: str, save_layout: Layout) -> tuple[dict[str, torch.Tensor], list[str]]:
     qf = quant_format(qf_id)
     try:
-        st = oracle_state(oracle, cfg, qlayout, qf_id)
+        st = oracle_state(oracle, cfg, qlayout, qf_id, save_layout if qlayout == "vector_per_key" else TRUTH_LAYOUT)
         return {f"{fc}/fq": fake_quant_local(st.weights[fc], st.quant[fc], qf) for fc in FCS}, []
     except (KeyError, ValueError, TypeError) as exc:
         return {}, [f"fake quant of the single-process copy impossible: {type(exc).__name__}: {exc}"]
@@ -142,23 +142,30 @@ def roundtrip_verdict(
     qlayout: str,
     qf_id: str,
     index_mode: str = "global",
+    save_layout: Layout = TRUTH_LAYOUT,
 ) -> Verdict:
-    """One checkpoint loaded under ``layout`` (``results[r]``: rank r's report for it); see module doc."""
+    """One checkpoint (written under ``save_layout``) loaded under ``layout`` (``results[r]``:
+    rank r's report for it); see module doc."""
     errors = _rank_errors(results)
     if errors:
         return Verdict(check_id, "fail", fields, "load failed: " + " | ".join(errors[:2]))
     if oracle is None:
         return Verdict(check_id, "fail", fields, "no single-process copy of the checkpoint to compare with")
     cfg, qf = truth.cfg, quant_format(qf_id)
-    diffs, problems = _engine_diffs(results, oracle)
+    diffs, problems = _engine_diffs(results, oracle, frozenset(tolerated_entries(cfg, layout, qlayout, qf)))
     states = []
     for c, res in zip(coords, results):
-        st = from_loaded({k: p["local"] for k, p in res["raw"].items()}, key_plan(cfg, layout, c, qlayout, qf, index_mode))
+        try:
+            st = from_loaded({k: p["local"] for k, p in res["raw"].items()}, key_plan(cfg, layout, c, qlayout, qf, index_mode))
+        except (KeyError, ValueError) as exc:  # e.g. a vector index outside the vector
+            problems.append(f"rank at {c}: loaded state unreadable: {type(exc).__name__}: {exc}")
+            continue
         named = {f"{fc}/weight": st.weights[fc] for fc in FCS}
         named.update({f"{fc}/{b}": t for fc in FCS for b, t in st.quant[fc].items()})
         states.append((c, named))
-    diffs += canonical_diffs("state:", states, truth.params[qf_id], layout, qf, cfg.num_experts)
-    expected_fq, fq_problems = _oracle_fq(oracle, cfg, qlayout, qf_id)
+    if len(states) == len(coords):
+        diffs += canonical_diffs("state:", states, truth.params[qf_id], layout, qf, cfg.num_experts)
+    expected_fq, fq_problems = _oracle_fq(oracle, cfg, qlayout, qf_id, save_layout)
     problems += fq_problems + [f"rank {r}: {res['fq_error']}" for r, res in enumerate(results) if "fq_error" in res]
     if expected_fq and not any("fq_error" in res for res in results):
         fq_reports = [(c, {f"{fc}/fq": res["fq"][fc] for fc in FCS}) for c, res in zip(coords, results)]

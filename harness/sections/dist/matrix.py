@@ -32,17 +32,17 @@ from typing import Iterator, Optional
 import torch
 
 from .bad_inputs import BadCase, flip_payload_bit, make_bad_cases
-from .checks import Verdict, negative_control
+from .checks import Verdict, negative_control, verdict_from_diffs
 from .engines import ENGINES
 from .jobs import EP_SYNC_ON_PER_EXPERT, NO_EP_GLOBAL_SYNC, NO_EP_SYNC, NO_GLOBAL_SYNC, CkptTask, LoadPayload, SavePayload, load_job, save_job
-from .judge import bad_input_verdict, granularity_verdict, invariance_verdict, roundtrip_verdict
+from .judge import bad_input_verdict, canonical_diffs, granularity_verdict, invariance_verdict, roundtrip_verdict
 from .launch import DEFAULT_TIMEOUT_S, RankFailure, RankTimeout, run_ranks
 from .layout import Coords, Layout
-from .model import MoEConfig
+from .model import FCS, MoEConfig
 from .oracle import Truth, build_truth, content_verdict, truth_entries
 from .quant import QUANT_FORMATS, quant_format
 from .safe_io import CheckpointError, load_full
-from .shards import QLAYOUTS
+from .shards import QLAYOUTS, from_loaded, key_plan, qlayout_applies, slice_full, vector_fields
 
 NEGATIVE_FORMATS: tuple[str, ...] = ("fp8_e4m3/per_expert", "nvfp4/static")
 """Formats the local-index negative control is written in (the bug is in keys, not formats)."""
@@ -107,13 +107,29 @@ def _ckpt_dir(workdir: str, ckpt_id: str) -> str:
     return os.path.join(workdir, "ckpt", re.sub(r"[^A-Za-z0-9_.-]+", "-", ckpt_id))
 
 
+NEGATIVE_WRITERS: dict[str, tuple[str, str]] = {
+    "local": ("local_index", "amax keyed by local expert index"),
+    "channel_vector": ("vector_channel", "per-channel amax forced into the [N_global] vector"),
+}
+"""Buggy writers: index mode -> (row name, what the bug is)."""
+
+
+def _writes_channel_vector(qf_id: str) -> bool:
+    return any(b.granularity == "per_channel" for b in quant_format(qf_id).buffers)
+
+
 def _save_tasks(plan: DistPlan, lay: Layout, workdir: str) -> tuple[list[CkptTask], list[CkptTask]]:
     good, neg = [], []
     for ql in plan.qlayouts:
         for qf in plan.qf_ids:
             cid = f"{lay.id}/{ql}/{qf}"
+            if plan.negative_controls and ql == "vector_per_key" and _writes_channel_vector(qf):
+                nid = f"{cid}/vector_channel"
+                neg.append(CkptTask(nid, _ckpt_dir(workdir, nid), ql, qf, "channel_vector", plan.cfg))
+            if not qlayout_applies(ql, quant_format(qf)):
+                continue
             good.append(CkptTask(cid, _ckpt_dir(workdir, cid), ql, qf, "global", plan.cfg))
-            if plan.negative_controls and lay.ep > 1 and qf in NEGATIVE_FORMATS:
+            if plan.negative_controls and lay.ep > 1 and qf in NEGATIVE_FORMATS and ql != "vector_per_key":
                 nid = f"{cid}/local_index"
                 neg.append(CkptTask(nid, _ckpt_dir(workdir, nid), ql, qf, "local", plan.cfg))
     for t in good + neg:
@@ -159,11 +175,49 @@ def _stage_content(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> Non
         except CheckpointError as exc:
             out.append(Verdict(f"content/{s.task.ckpt_id}", "fail", fields, f"single-process load failed: {exc}"))
             continue
-        inner = content_verdict(f"content/{s.task.ckpt_id}", fields, s.oracle, truth_entries(truth, s.task.qlayout, s.task.qf_id))
-        if s.task.index_mode == "local":
-            out.append(negative_control(f"negative/local_index/content/{s.task.ckpt_id}", inner, "amax keyed by local expert index"))
+        inner = content_verdict(f"content/{s.task.ckpt_id}", fields, s.oracle, truth_entries(truth, s.task.qlayout, s.task.qf_id, layout=s.layout))
+        if s.task.index_mode in NEGATIVE_WRITERS:
+            name, what = NEGATIVE_WRITERS[s.task.index_mode]
+            out.append(negative_control(f"negative/{name}/content/{s.task.ckpt_id}", inner, what))
         else:
             out.append(inner)
+
+
+def _vector_size_rows(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> None:
+    """The ``[N_global]``-vector loader on a vector of the wrong size (single process, every
+    rank of the writer's layout): refused with a clear error by default; skipped and *reported*
+    when the user opts in; and, as a negative control, a loader that skips silently leaves the
+    expert uncalibrated, which the state check against the truth catches."""
+    done: set[str] = set()
+    for s in saved:
+        t = s.task
+        if t.qlayout != "vector_per_key" or t.index_mode != "global" or s.oracle is None or t.qf_id in done:
+            continue
+        done.add(t.qf_id)
+        qf = quant_format(t.qf_id)
+        if not vector_fields(qf):
+            continue
+        key = next(e.key for e in key_plan(truth.cfg, s.layout, Coords(0, 0), t.qlayout, qf) if e.vector_index is not None)
+        short = {**s.oracle, key: s.oracle[key][:-1].clone()}
+        fields = {"save": s.layout.id, "qlayout": t.qlayout, "format": t.qf_id}
+        plans = [(c, key_plan(truth.cfg, s.layout, c, t.qlayout, qf)) for _, c in s.layout.all_coords()]
+        try:
+            for c, p in plans:
+                from_loaded({e.key: slice_full(short, e, s.layout, c) for e in p}, p)
+            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "fail", fields, f"a ({truth.cfg.num_experts - 1},) vector under {key!r} loaded without an error"))
+        except ValueError as exc:
+            ok = key in str(exc) and f"({truth.cfg.num_experts},)" in str(exc)
+            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "pass" if ok else "fail", fields, f"refused: {exc}"))
+        states = [(c, from_loaded({e.key: slice_full(short, e, s.layout, c) for e in p}, p, allow_size_mismatch=True)) for c, p in plans]
+        skipped = sorted({k for _, st in states for k in st.skipped})
+        ok = skipped == [key]
+        out.append(Verdict(f"vector_size/opt_in_skip/{t.ckpt_id}", "pass" if ok else "fail", {**fields, "skipped": skipped},
+                           f"opted in: skipped and reported {skipped}" if ok else f"expected exactly [{key!r}] reported as skipped, got {skipped}"))
+        named = [(c, {**{f"{fc}/weight": st.weights[fc] for fc in FCS}, **{f"{fc}/{b}": v for fc in FCS for b, v in st.quant[fc].items()}})
+                 for c, st in states]
+        inner = verdict_from_diffs(f"negative/vector_silent_skip/{t.ckpt_id}", fields,
+                                   canonical_diffs("state:", named, truth.params[t.qf_id], s.layout, qf, truth.cfg.num_experts))
+        out.append(negative_control(f"negative/vector_silent_skip/{t.ckpt_id}", inner, "a loader that skips a wrong-size vector silently"))
 
 
 def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[Verdict]) -> None:
@@ -180,18 +234,39 @@ def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[
     except (CheckpointError, ValueError) as exc:
         out.append(Verdict(check_id, "fail", fields, f"could not build the flipped checkpoint: {exc}"))
         return
-    inner = content_verdict(check_id, fields, flipped, truth_entries(truth, src.task.qlayout, src.task.qf_id))
+    inner = content_verdict(check_id, fields, flipped, truth_entries(truth, src.task.qlayout, src.task.qf_id, layout=src.layout))
     out.append(negative_control(check_id, inner, "one flipped bit in a stored weight"))
 
 
-def _load_tasks(saved: list[_Saved], lay: Layout, bad: list[BadCase]) -> list[CkptTask]:
+def _global_rank_tasks(plan: DistPlan, saved: list[_Saved], lay: Layout) -> list[tuple[_Saved, CkptTask]]:
+    """Negative control under TP > 1: the first save layout's ``vector_per_key`` checkpoints read
+    by a loader that slices the vector at the global rank instead of the EP rank."""
+    if not plan.negative_controls or lay.tp == 1:
+        return []
+    first = plan.save_layouts[0]
+    return [(s, CkptTask(f"{s.task.ckpt_id}/global_rank", s.task.path, s.task.qlayout, s.task.qf_id, "global_rank", s.task.cfg))
+            for s in saved if s.layout == first and s.task.qlayout == "vector_per_key" and s.task.index_mode == "global"
+            and s.task.qf_id in NEGATIVE_FORMATS and _vector_loadable(s, lay)]
+
+
+def _vector_loadable(s: _Saved, lay: Layout) -> bool:
+    """``vector_per_key`` keys are local: a layout whose ranks hold more experts than the writer's
+    finds keys missing."""
+    n = s.task.cfg.num_experts
+    if s.task.qlayout != "vector_per_key" or not vector_fields(quant_format(s.task.qf_id)):
+        return True
+    return lay.num_local_experts(n) <= s.layout.num_local_experts(n)
+
+
+def _load_tasks(plan: DistPlan, saved: list[_Saved], lay: Layout, bad: list[BadCase]) -> list[CkptTask]:
     tasks = [s.task for s in saved if s.task.index_mode == "global"]
-    tasks += [s.task for s in saved if s.task.index_mode == "local" and s.layout == lay]
+    tasks += [s.task for s in saved if s.task.index_mode != "global" and s.layout == lay]
+    tasks += [t for _, t in _global_rank_tasks(plan, saved, lay)]
     return tasks + [b.task for b in bad]
 
 
 def _stage_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, out: list[Verdict]) -> None:
-    tasks = _load_tasks(saved, lay, bad)
+    tasks = _load_tasks(plan, saved, lay, bad)
     try:
         ranks = run_ranks(load_job, LoadPayload(plan.seed, plan.engine, tuple(tasks)), lay, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
     except (RankFailure, RankTimeout) as exc:
@@ -200,15 +275,28 @@ def _stage_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadC
     coords = [Coords(*r["coords"]) for r in ranks]
     for s in saved:
         t = s.task
-        if t.index_mode == "local" and s.layout != lay:
+        if t.index_mode != "global" and s.layout != lay:
             continue
         results = [r["results"][t.ckpt_id] for r in ranks]
         base = f"{s.layout.id}->{lay.id}/{t.qlayout}/{t.qf_id}"
         fields = {"save": s.layout.id, "load": lay.id, "qlayout": t.qlayout, "format": t.qf_id, "engine": plan.engine}
-        verdict = roundtrip_verdict(f"roundtrip/{base}", fields, results, coords, s.oracle, truth, lay, t.qlayout, t.qf_id, t.index_mode)
-        if t.index_mode == "local":
-            verdict = negative_control(f"negative/local_index/{base}", verdict, "amax keyed by local expert index")
+        if t.index_mode == "global" and not _vector_loadable(s, lay):
+            n_save = s.layout.num_local_experts(t.cfg.num_experts)
+            out.append(bad_input_verdict(f"refused/{base}", fields, results, "CheckpointMismatchError", (f"weight_quantizer_{n_save}.", "missing")))
+            continue
+        verdict = roundtrip_verdict(f"roundtrip/{base}", fields, results, coords, s.oracle, truth, lay, t.qlayout, t.qf_id, t.index_mode,
+                                    save_layout=s.layout)
+        if t.index_mode in NEGATIVE_WRITERS:
+            name, what = NEGATIVE_WRITERS[t.index_mode]
+            verdict = negative_control(f"negative/{name}/{base}", verdict, what)
         out.append(verdict)
+    for s, t in _global_rank_tasks(plan, saved, lay):
+        results = [r["results"][t.ckpt_id] for r in ranks]
+        base = f"{s.layout.id}->{lay.id}/{t.qlayout}/{t.qf_id}"
+        fields = {"save": s.layout.id, "load": lay.id, "qlayout": t.qlayout, "format": t.qf_id, "engine": plan.engine}
+        inner = roundtrip_verdict(f"roundtrip/{base}/global_rank", fields, results, coords, s.oracle, truth, lay, t.qlayout, t.qf_id, t.index_mode,
+                                  save_layout=s.layout)
+        out.append(negative_control(f"negative/vector_global_rank/{base}", inner, "the [N_global] vector sliced at the global rank instead of the EP rank"))
     for b in bad:
         results = [r["results"][b.task.ckpt_id] for r in ranks]
         fields = {"load": lay.id, "qlayout": b.task.qlayout, "format": b.task.qf_id, "engine": plan.engine}
@@ -248,6 +336,8 @@ def _run_plan(plan: DistPlan, workdir: str) -> list[Verdict]:
     for lay in plan.save_layouts:
         saved += _stage_save(plan, lay, truth, workdir, out)
     _stage_content(saved, truth, out)
+    if plan.negative_controls:
+        _vector_size_rows(saved, truth, out)
     if plan.negative_controls:
         _payload_bitflip(saved, truth, workdir, out)
     bad: list[BadCase] = []

@@ -136,11 +136,14 @@ def check_entries(
     expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
     *,
     where: str = "checkpoint",
+    tolerated: Mapping[str, tuple[tuple[int, ...], torch.dtype]] = {},
 ) -> list[Misfit]:
     """Every way the checkpoint's entries misfit ``expected`` (``key -> (shape, dtype)``).
 
     Missing keys, keys the target does not have, shape and dtype differences (``mismatch``), and
     expected keys stored as pickled objects (``unsafe``).  An empty list means the checkpoint fits.
+    A stored key the target does not read but ``tolerated`` names with the same shape and dtype
+    (a redundant copy, e.g. a further ``[N_global]``-vector key) is not a misfit.
     """
     problems = []
     stored = md.state_dict_metadata
@@ -160,6 +163,10 @@ def check_entries(
     for key in stored:
         if key not in expected:
             shape = tuple(stored[key].size) if isinstance(stored[key], TensorStorageMetadata) else "bytes"
+            if key in tolerated and isinstance(stored[key], TensorStorageMetadata) and (shape, stored[key].properties.dtype) == (
+                tuple(tolerated[key][0]), tolerated[key][1]
+            ):
+                continue
             problems.append(Misfit("mismatch", f"key {key!r}: in {where} (shape {shape}) but not in the target layout"))
     return problems
 
