@@ -19,9 +19,11 @@ from .api import (
 from .calibration import max_calibrate, max_calibrate_experts, update_running_amax
 from .formats import FORMATS, FormatSpec, format_spec, int_format, register_format, unregister_format
 from .result import FakeQuantResult
-from .ste import STE_MODES, ste_backward
+from .ste import CLIP_RULES, DEFAULT_CLIP_RULE, STE_MODES, ste_backward
 
 __all__ = [
+    "CLIP_RULES",
+    "DEFAULT_CLIP_RULE",
     "FORMATS",
     "STE_MODES",
     "FakeQuantResult",

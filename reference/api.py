@@ -16,7 +16,7 @@ import torch
 from .formats import format_spec
 from .granularity import check_input, granularity_of
 from .result import FakeQuantResult
-from .ste import ste_backward
+from .ste import DEFAULT_CLIP_RULE, ste_backward
 
 
 def variants(fmt: str) -> tuple[str, ...]:
@@ -99,10 +99,13 @@ def fake_quant_experts(
 
 
 def ste_backward_experts(
-    weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], mode: str
+    weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], mode: str,
+    *, clip_rule: str = DEFAULT_CLIP_RULE,
 ) -> list[torch.Tensor]:
-    """Per-expert straight-through backward (see ``reference.ste``)."""
+    """Per-expert straight-through backward (see ``reference.ste``; each expert's amax is its own
+    0-dim or ``[out]`` tensor, so ``clip_rule="torch_promotion"`` compares per-expert amax in the
+    weights' dtype and per-channel amax in fp32)."""
     if len(grads) != len(weights):
         raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
     per = split_expert_amax(weights, amax)
-    return [ste_backward(w, a, g, mode) for w, a, g in zip(weights, per, grads)]
+    return [ste_backward(w, a, g, mode, clip_rule=clip_rule) for w, a, g in zip(weights, per, grads)]

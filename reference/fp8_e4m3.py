@@ -47,13 +47,20 @@ def _prepare(x: torch.Tensor, amax: torch.Tensor):
     return x.to(torch.float32), a
 
 
-def fp8_cuda(x, amax) -> FakeQuantResult:
-    """Default variant: ``s = RN(448/a)``, ``inv = RN(1/s)``, ``y = RN(e4m3(x*s) * inv)``."""
-    xf, a = _prepare(x, amax)
+def cuda_core(xf: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 core of the ``cuda`` variant (steps 1-5) on a broadcast amax ``a`` that step 0 has
+    already made safe: returns ``(y, v)`` in fp32.  NVFP4's ``modelopt_static`` block scales
+    run through this core too (``reference.nvfp4``)."""
     s = fp32_scalar_like(E4M3_MAX, xf) / a
     inv = fp32_scalar_like(1.0, xf) / s
     v = xf * s
-    y = round_to_e4m3(v) * inv
+    return round_to_e4m3(v) * inv, v
+
+
+def fp8_cuda(x, amax) -> FakeQuantResult:
+    """Default variant: ``s = RN(448/a)``, ``inv = RN(1/s)``, ``y = RN(e4m3(x*s) * inv)``."""
+    xf, a = _prepare(x, amax)
+    y, v = cuda_core(xf, a)
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
 
 

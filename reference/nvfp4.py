@@ -15,7 +15,7 @@ Numeric contract
 * E4M3 block-scale rounding (``round_to_e4m3``): nearest, ties to even, saturating at 448.
 * Output dtype = input dtype (RNE from fp32).
 
-Default variant ``te`` (Transformer Engine ``reference_nvfp4.py``, 1x16 tiles, no RHT)::
+Default variant ``te`` (Transformer Engine ``custom_recipes/reference_nvfp4.py``, 1x16 tiles, no RHT)::
 
     1. ge   = RN(2688 / g);  ge = min(ge, FP32_MAX);  ge = 1 where ge == 0
     2. gd   = RN(1 / ge)
@@ -24,24 +24,59 @@ Default variant ``te`` (Transformer Engine ``reference_nvfp4.py``, 1x16 tiles, n
     5. ds8  = e4m3(RN(vmax * mult))         saturating (inf -> 448)
     6. es   = min(RN(1 / RN(ds8 * gd)), FP32_MAX)     (ds8 == 0 -> FP32_MAX)
     7. v    = RN(x * es)
-    8. q    = e2m1(v)                       saturating at ±6
-    9. y    = RN(RN(q * ds8) * gd)          dequantization order chosen here (TE dequantizes
-                                            inside its GEMM); documented and tested
+    8. q    = e2m1(v)                       signed zeros kept: v = -0.0 gives -0.0 (see below)
+    9. y    = RN(RN(q * ds8) * gd)          dequantization order chosen here (see below)
     10. out = RNE_dtype(y)
 
-Variant ``modelopt_static`` (Model-Optimizer ``static_blockwise_fp4_fake_quant`` on CUDA, with
-``quantize_block_scales=True``; the per-block ``_amax`` defaults to the block max of ``x``, as
-max calibration sets it, or is passed as ``block_amax`` of shape ``x.shape[:-1] + (n_blocks,)``)::
+Signed zero: TE's Python reference (``cast_to_fp4x2``) codes a scaled value of exactly ``-0.0``
+as the E2M1 code of ``+0`` (its first test is ``x >= 0.0``), while ``v`` in ``(-0.25, 0)`` gets
+code 8 (``-0``).  This reference keeps ``-0.0`` (sign-preserving, like every other format here and
+like a hardware ``cvt`` to E2M1); the two differ only in the sign of a zero output, and only where
+``v == -0.0``: input ``-0.0``, or a negative ``x`` whose ``x * es`` underflows.
+
+TE dequantizes NVFP4 itself in C++ (``common/cast/nvfp4/dequantize_nvfp4.cuh``) in another order::
+
+    y_te_cpp = RNE_dtype(RN(q * RN(RN(ds8 * g) * RN(1 / 2688))))
+
+i.e. it rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale
+``gd``.  The two orders round differently in general (each has 3 fp32 roundings before the cast);
+this reference keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies (its GEMM
+multiplies ``q * ds8`` and then the global decode scale), and states the C++ order here so a
+bit-level comparison with TE's ``dequantize()`` knows what it compares against.
+
+Variant ``modelopt_static`` (Model-Optimizer 0.47.0 ``static_blockwise_fp4_fake_quant`` on CUDA with
+``quantize_block_scales=True``, read from ``tensor_quant.py`` (``StaticBlockwiseFP4FakeQuantFunction``),
+``kernels/quantization/gemm/fp4_kernel.py`` (``compute_fp4_scales``, the Triton kernel),
+``kernels/quantization/common/nvfp4_quant.py`` (``nvfp4_scalar_quant``) and
+``gemm/tensor_quant_gpu_fp8.cu`` (``fake_e4m3fy``)).  The per-block ``_amax`` defaults to the block
+max of ``x``, as max calibration sets it, or is passed as ``block_amax`` of shape
+``x.shape[:-1] + (n_blocks,)`` (a stale one is allowed)::
 
     1. bs   = RN(bamax * RN(1/6))           torch CUDA evaluates ``amax / 6.0`` this way
-    2. ga6  = RN(g * RN(1/6))
-    3. bs   = FP8 ``reciprocal`` variant fake quant of bs with amax ga6 (``reference.fp8_e4m3``;
-              ga6 <= 2**-24 treated as 1), kept in fp32
-    4. safe = 1 where bs == 0 or not finite, else bs
-    5. a    = RN(|x| / safe)
-    6. q    = e2m1(a)
-    7. y    = RN(q * safe), negated where not (x >= 0)   (so -0.0 -> +0.0)
-    8. out  = RNE_dtype(y)
+    2. ga6  = RN(g * RN(1/6))               ``global_amax * (448/448) / 6.0``
+    3. a    = 1 where ga6 <= 2**-24 else ga6      the FP8 CUDA extension's tiny-amax rule
+    4. s    = RN(448 / a)                   FP8 ``cuda`` core (``reference.fp8_e4m3.cuda_core``)
+    5. inv  = RN(1 / s)
+    6. sc   = RN(e4m3(RN(bs * s)) * inv)    e4m3 saturating (``__nv_fp8_e4m3`` satfinite)
+    7. zero = (sc == 0);  safe = 1 where zero or sc not finite, else sc
+    8. a    = RN(|x| / safe)                IEEE division (see below)
+    9. q    = e2m1(a)                       ties to even (``fp4_round_magnitude``'s <=/< table)
+    10. m   = RN(q * safe);  y = m where x >= 0 else RN(0 - m)
+    11. y   = +0.0 for every element of a block with zero   (whole block, after the sign)
+    12. out = RNE_dtype(y)
+
+Every zero output is ``+0.0``: ``-0.0`` input takes the ``x >= 0`` branch, and a negative ``x``
+whose magnitude rounds to 0 gets ``0 - (+0) = +0`` because Triton 3.6 compiles the kernel's unary
+minus ``-x_rescaled`` as ``0 - x`` (measured: Model-Optimizer 0.47.0 with Triton 3.6.0 on an H100
+writes ``+0`` there, 1,525 elements of the ``scale_pairs`` and ``e2m1_ties`` cases).  Triton
+releases that lower float negation to ``fneg`` (triton-lang/triton PR 10270) give ``-0.0`` there
+instead: a sign-of-zero difference only.
+
+Step 8 on the GPU: Triton compiles the kernel's fp32 ``|x| / scale`` to ``div.full.f32``, an
+approximate division (not correctly rounded), so a quotient that is exactly an E2M1 tie in IEEE
+arithmetic (``.25 .75 1.25 1.75 2.5 3.5 5``) may come out one ulp off and round the other way.
+This reference keeps the IEEE quotient; ``nvfp4_tie_probe`` builds such an exact tie
+(``g = 2688``, block amax 5.625 -> sc = 0.9375, ``x = 4.6875`` -> ``a = 5.0`` -> ``q = 4``).
 """
 
 from __future__ import annotations
@@ -49,7 +84,7 @@ from __future__ import annotations
 import torch
 
 from .constants import FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
-from .fp8_e4m3 import reciprocal_core
+from .fp8_e4m3 import cuda_core
 from .granularity import broadcast_amax
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
@@ -101,6 +136,18 @@ def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
     return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
 
 
+def static_block_scales(bamax: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``modelopt_static`` steps 1-6: fp32 E4M3-rounded block scales ``sc`` of block amax ``bamax``
+    (``[..., n_blocks]``) under a global amax ``g`` that broadcasts against ``bamax`` (``g[..., None]``)."""
+    bamax = bamax.to(torch.float32)
+    g = g.to(device=bamax.device, dtype=torch.float32)
+    sixth = torch.reciprocal(fp32_scalar_like(6.0, bamax))
+    bs = bamax * sixth
+    ga6 = g * sixth
+    a = torch.where(ga6 <= TINY_AMAX, torch.ones((), device=bamax.device), ga6)
+    return cuda_core(bs, a)[0]
+
+
 def nvfp4_modelopt_static(
     x, amax, *, block_size: int = NVFP4_BLOCK, block_amax: torch.Tensor | None = None
 ) -> FakeQuantResult:
@@ -114,19 +161,26 @@ def nvfp4_modelopt_static(
         if tuple(block_amax.shape) != expected:
             raise ValueError(f"block_amax shape {tuple(block_amax.shape)} != expected {expected}")
         bamax = block_amax.to(device=xf.device, dtype=torch.float32)
-    sixth = torch.reciprocal(fp32_scalar_like(6.0, xf))
-    bs = bamax * sixth
-    ga6 = g.squeeze(-1) * sixth
-    ga6 = torch.where(ga6 <= TINY_AMAX, torch.ones((), device=xf.device), ga6)
-    bs = reciprocal_core(bs, ga6)[0].unsqueeze(-1)
-    safe = torch.where((bs == 0) | ~torch.isfinite(bs), torch.ones((), device=xf.device), bs)
+    sc = static_block_scales(bamax, g.squeeze(-1)).unsqueeze(-1)
+    zero = sc == 0
+    one = torch.ones((), device=xf.device)
+    safe = torch.where(zero | ~torch.isfinite(sc), one, sc)
     a = xb.abs() / safe
     mag = round_to_e2m1(a) * safe
     pos = xb >= 0
-    y = torch.where(pos, mag, -mag)
+    plus0 = torch.zeros((), device=xf.device)
+    y = torch.where(zero, plus0, torch.where(pos, mag, plus0 - mag))
     v = torch.where(pos, a, -a)
     n = x.shape[-1]
     return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+
+
+def nvfp4_tie_probe() -> dict[str, float]:
+    """The exact E2M1 tie of the module docstring, as fp32 numbers: ``g = 2688``, block amax 5.625
+    (sc = 0.9375), ``x = 4.6875``: IEEE ``|x| / sc = 5.0`` rounds to 4 (y = 3.75); a quotient one
+    ulp above 5.0 rounds to 6 (y = 5.625)."""
+    return {"global_amax": 2688.0, "block_amax": 5.625, "block_scale": 0.9375, "x": 4.6875,
+            "ieee_quotient": 5.0, "y_ieee": 3.75, "y_quotient_above": 5.625}
 
 
 VARIANTS = {"te": nvfp4_te, "modelopt_static": nvfp4_modelopt_static}

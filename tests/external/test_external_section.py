@@ -52,7 +52,10 @@ def test_eager_rows_say_what_matched(monkeypatch, tiny_suite, modelopt_eager):
         assert row.verdict == "fail" and "has no variant 'eager'" in row.message
         assert row.fields["matched"] == "none" and "reciprocal=" in row.fields["mismatches"]
     ste = [r for r in s.rows if "/ste/" in r.id]
-    assert len(ste) == 4 and all(r.verdict == "pass" for r in ste)
+    assert len(ste) == 5 and all(r.verdict == "pass" for r in ste)
+    clip = by_id["external/modelopt-eager/fp8_e4m3/ste/clip_rule"]
+    assert clip.fields["matched"] == "torch_promotion" and clip.fields["mismatches"].startswith("fp32=")
+    assert row.fields["version"] == "0.47.0"
     assert {r.id for r in s.rows if "/calibration/" in r.id} == {"external/modelopt-eager/calibration/per_tensor",
                                                                  "external/modelopt-eager/calibration/per_channel"}
     assert set(section.COLUMNS) <= set(row.fields)

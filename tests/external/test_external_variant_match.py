@@ -110,3 +110,65 @@ def test_declined_cases_are_listed_not_failed_but_errors_fail(small_cases):
     assert row.verdict == "pass" and "per tensor only" in row.fields["declined"]
     bad = match_variants(PerChannelRaises("cuda"), "fp8_e4m3", cases=cases, cap=2)
     assert bad.errors and variants_row(bad, "cuda", "repro").verdict == "fail"
+
+
+class UlpUpQuotient(ReferenceVariant):
+    """``modelopt_static`` with ``|x| / scale`` one fp32 ulp too large: a stand-in for an
+    approximate division, which turns exact E2M1 ties .25, 1.25, 2.5 and 5 upwards."""
+
+    def __init__(self):
+        super().__init__("modelopt_static", formats={"nvfp4"})
+
+    def fake_quant(self, weights, amax, fmt, **options):
+        from moe_fq_parity.reference.nvfp4 import block_amax, static_block_scales, to_blocks
+        from moe_fq_parity.reference.rounding import round_to_e2m1
+
+        out = []
+        for w, g in zip(weights, reference.split_expert_amax(weights, amax)):
+            xb = to_blocks(w.float(), 16)
+            sc = static_block_scales(block_amax(w), g)[..., None]
+            safe = torch.where(sc == 0, torch.ones(()), sc)
+            a = xb.abs() / safe
+            a = torch.nextafter(a, torch.full_like(a, float("inf")))
+            m = round_to_e2m1(a) * safe
+            y = torch.where(sc == 0, torch.zeros(()), torch.where(xb >= 0, m, 0.0 - m))
+            out.append(y.reshape(w.shape).to(w.dtype))
+        return out
+
+
+def test_exact_tie_flips_are_counted_listed_and_pass_only_when_declared():
+    from moe_fq_parity.harness.sections.external.match_cases import nvfp4_ties_case
+    from moe_fq_parity.harness.sections.external.variant_match import summary_lines, tie_probe
+
+    case = nvfp4_ties_case()
+    m = match_variants(UlpUpQuotient(), "nvfp4", cases=[case])
+    st = next(v for v in m.cases[0].variants if v.variant == "modelopt_static")
+    # 7 experts x 126 blocks x 2 signs x the ties {.25, 1.25, 2.5, 5} that flip upwards, and nothing else
+    assert st.mismatches == st.tie_flips == 7 * 126 * 2 * 4 and len(st.tie_offenders) == st.tie_flips
+    assert {abs(o.pre_round) for o in st.tie_offenders} <= {0.25, 1.25, 2.5, 5.0}
+    assert m.matched == () and m.matched_up_to_ties == ("modelopt_static",)
+    lines = summary_lines(m)
+    assert "up to exact-tie flips: modelopt_static" in lines[0]
+    assert sum("|x|/scale = 5.0" in line for line in lines) == st.tie_flips // 4
+    declared = variants_row(m, "modelopt_static", "repro", approximate_division=True)
+    assert declared.verdict == "pass" and f"{st.tie_flips} exact E2M1 ties" in declared.message
+    assert variants_row(m, "modelopt_static", "repro").verdict == "fail"
+    p = tie_probe(UlpUpQuotient())
+    assert p["y_backend"] == 5.625 and p["rounded"] == "away from even"
+    assert tie_probe(ReferenceVariant("modelopt_static", formats={"nvfp4"}))["rounded"] == "to even (IEEE)"
+
+
+def test_a_non_tie_difference_is_not_excused():
+    from moe_fq_parity.harness.sections.external.match_cases import nvfp4_ties_case
+
+    case = nvfp4_ties_case()
+
+    class OffByOne(UlpUpQuotient):
+        def fake_quant(self, weights, amax, fmt, **options):
+            out = super().fake_quant(weights, amax, fmt, **options)
+            out[0].view(-1)[0] = out[0].view(-1)[0] * 2  # 6*E at an exact grid point, not a tie
+            return out
+
+    m = match_variants(OffByOne(), "nvfp4", cases=[case])
+    assert m.matched_up_to_ties == () and m.mismatches("modelopt_static") == m.tie_flips("modelopt_static") + 1
+    assert variants_row(m, "modelopt_static", "repro", approximate_division=True).verdict == "fail"

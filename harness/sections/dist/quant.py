@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from moe_fq_parity.reference import fake_quant, max_calibrate
 from moe_fq_parity.reference.constants import NVFP4_BLOCK
+from moe_fq_parity.reference.nvfp4 import static_block_scales
 
 from .model import TP_DIM, MoEConfig
 
@@ -198,13 +199,11 @@ def sync_tp(
 def block_scales(block_amax: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
     """NVFP4 static E4M3 block scales (fp32) of ``[n, out, blocks]`` block amax, ``[n]`` global amax.
 
-    Steps 1-3 of ``reference.nvfp4`` ``modelopt_static``: ``bs = RN(bamax * RN(1/6))`` quantized
-    by the FP8 ``reciprocal`` variant with amax ``RN(g * RN(1/6))``.  Both sides of the layout
-    invariance check compute them here, so an error in this helper cannot make layouts differ;
-    the fake-quantized weights (computed by the reference itself) are compared as well.
+    Steps 1-6 of ``reference.nvfp4`` ``modelopt_static`` (``reference.nvfp4.static_block_scales``).
+    Both sides of the layout invariance check compute them here, so an error in this helper cannot
+    make layouts differ; the fake-quantized weights (computed by the reference itself) are compared as well.
     """
-    sixth = torch.reciprocal(torch.tensor(6.0, device=block_amax.device))
-    return fake_quant(block_amax.float() * sixth, global_amax.float() * sixth, "fp8_e4m3", "reciprocal")
+    return static_block_scales(block_amax, global_amax.reshape(-1, 1, 1))
 
 
 def derived(state: dict[str, torch.Tensor], qf: QuantFormat) -> dict[str, torch.Tensor]:

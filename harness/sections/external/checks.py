@@ -3,6 +3,11 @@
 * STE: ``backend.ste_backward`` vs ``reference.ste_backward_experts`` for both modes, bit for bit
   (pass-through must return the output gradient unchanged; clipped zeroes where ``|x| > amax``,
   inclusive at ``|x| == amax``, NaN ``x`` -> +0).  Inputs hold the special values that decide it.
+* STE clip rule (a fingerprint): the clipped backward on bf16 and fp16 experts whose per-expert
+  fp32 amax lies strictly between two values of the weights' dtype and rounds up to one that is in
+  the weights (plus an fp16 amax above 65504 with ``+-inf`` weights), evaluated under each
+  ``reference.CLIP_RULES``; the row names the rules the backend matches and passes when that is
+  the backend's expected rule (``EXPECTED_CLIP_RULE``).  The data is checked to separate the rules.
 * Calibration: ``backend.max_calibrate`` (Model-Optimizer's ``TensorQuantizer``) over two batches
   vs ``reference.max_calibrate`` + ``update_running_amax``, value for value, and the amax dtype
   (Model-Optimizer keeps the batches' dtype, docs/measured.md §5).
@@ -21,6 +26,10 @@ from .probes import generator
 
 STE_SHAPE = (8, 48)
 """Per-expert weight shape of the STE data (48 = 3 NVFP4 blocks)."""
+
+EXPECTED_CLIP_RULE: dict[str, str] = {"modelopt": "torch_promotion", "modelopt-eager": "torch_promotion"}
+"""The clip rule each external backend is expected to follow (Model-Optimizer 0.47.0's
+``x.abs() <= amax`` with a 0-dim amax per quantizer, on CPU and CUDA alike)."""
 
 
 def ste_data(fmt: str, seed: int, *, per_channel: bool) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
@@ -100,3 +109,58 @@ def calibration_rows(backend: object, seed: int, prefix: str) -> list[SectionRow
             message="" if equal and dtype_ok else f"got {got.tolist()} ({got.dtype}), want {running.tolist()} in {batches[0].dtype}"[:300],
         ))
     return rows
+
+
+def clip_rule_data(fmt: str, seed: int) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+    """Experts that separate the clip rules (see the module docstring): per dtype (bf16, fp16) and
+    per expert, a value ``u`` of that dtype, an fp32 amax strictly between ``u``'s lower neighbour
+    and ``u`` that rounds (RNE) up to ``u``; the row holds ``u``, ``-u``, the neighbours and random
+    values.  The fp16 expert with amax ``70000`` holds ``+-inf`` and ``65504``.  Gradients random."""
+    gen = generator(seed, f"ste/clip_rule/{fmt}")
+    ws, amax = [], []
+    for dtype in (torch.bfloat16, torch.float16):
+        for _ in range(3):
+            u = (torch.rand((), generator=gen) * 8 + 0.5).to(dtype)
+            lo = torch.nextafter(u, torch.zeros((), dtype=dtype))
+            hi = torch.nextafter(u, torch.full((), 100.0, dtype=dtype))
+            uf, lof = u.to(torch.float32), lo.to(torch.float32)
+            a = uf - (uf - lof) * 0.25  # 3/4 of the way up from lo: rounds to u in the weights' dtype
+            assert a.to(dtype) == u and a < uf
+            rnd = (torch.rand(8, 24, generator=gen) * 2 - 1) * uf * 1.5
+            w = rnd.to(dtype)
+            w[:, 0], w[:, 1], w[:, 2], w[:, 3] = u, -u, lo, hi
+            ws.append(w)
+            amax.append(a)
+    w = (torch.rand(8, 24, generator=gen) * 2 - 1).to(torch.float16) * 60000
+    w[0, :3] = torch.tensor([float("inf"), -float("inf"), 65504.0], dtype=torch.float16)
+    ws.append(w)
+    amax.append(torch.tensor(70000.0))
+    grads = [torch.randn(w.shape, generator=gen).to(w.dtype) for w in ws]
+    return ws, torch.stack(amax).to(torch.float32), grads
+
+
+def clip_rule_row(backend: object, fmt: str, seed: int, prefix: str) -> SectionRow:
+    """Which ``reference.CLIP_RULES`` the backend's clipped backward follows, per expert amax."""
+    rid = f"{prefix}/{fmt}/ste/clip_rule"
+    name = getattr(backend, "name", type(backend).__name__)
+    expected = EXPECTED_CLIP_RULE.get(name)
+    ws, amax, grads = clip_rule_data(fmt, seed)
+    dev = backend_device(backend)
+    want = {r: torch.cat([t.reshape(-1).to(torch.float32) for t in reference.ste_backward_experts(ws, amax, grads, "clipped", clip_rule=r)])
+            for r in reference.CLIP_RULES}
+    fields = {"check": "ste_clip_rule", "format": fmt, "expected": expected or "-", "elements": int(want["fp32"].numel())}
+    separated = int((~bits_equal(want["fp32"], want["torch_promotion"])).sum())
+    if not separated:
+        return SectionRow(rid, "fail", fields, message="the clip-rule data does not separate the rules")
+    try:
+        got = backend.ste_backward([w.to(dev) for w in ws], amax.to(dev), [g.to(dev) for g in grads], fmt, "clipped")
+    except Exception as exc:  # noqa: BLE001 - the row fails and says why
+        return SectionRow(rid, "fail", fields, message=f"{type(exc).__name__}: {exc}"[:300])
+    g = torch.cat([t.detach().reshape(-1).cpu().to(torch.float32) for t in got])
+    counts = {r: int((~bits_equal(e, g)).sum()) for r, e in want.items()}
+    matched = [r for r, n in counts.items() if n == 0]
+    fields.update(matched=", ".join(matched) or "none", mismatches="; ".join(f"{r}={n}" for r, n in counts.items()),
+                  separating_elements=separated)
+    ok = expected in matched if expected is not None else bool(matched)
+    return SectionRow(rid, "pass" if ok else "fail", fields,
+                      message="" if ok else f"expected clip rule {expected!r}; matched {matched or 'none'} ({fields['mismatches']})")

@@ -7,12 +7,25 @@
   ``[1, 6]`` per amax;
 * ``near_tie/per_channel`` -- the same rows as one expert ``[M, 6]`` with a per-channel amax;
 * ``blocks`` (NVFP4 only)  -- all finite bf16 patterns with ``|x| <= 256``, rows of 64, for the
-  data's max, twice it, and 1.0 as global amax (no near-tie construction for NVFP4 yet);
+  data's max, twice it, and 1.0 as global amax;
+* ``scale_pairs`` (NVFP4)  -- fp32 blocks built around constructed (global amax ``g``, block amax)
+  pairs, 3 in 4 of them pairs whose E4M3 block scale differs by an fp32 ulp between the FP8
+  ``cuda`` and ``reciprocal`` cores (``reference.nvfp4.static_block_scales``): fp32 outputs show
+  the block scale's last bit;
+* ``e2m1_ties`` (NVFP4)    -- fp32 blocks whose ``|x| / block scale`` is *exactly* an E2M1 tie
+  (``.25 .75 1.25 1.75 2.5 3.5 5``) in IEEE arithmetic: ``g = 2688 * 2**k`` makes the block scale
+  ``E * 2**k`` for every E4M3 value ``E`` (block amax ``6 E 2**k``), so each tie ``t E 2**k`` is
+  exact; each block ends in ``-0.0``.  It holds the probe ``g = 2688``, block amax 5.625,
+  ``x = 4.6875`` (``reference.nvfp4.nvfp4_tie_probe``);
 * ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
   outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
 * ``calibrated``           -- one expert per bf16 amax ``m``: every finite bf16 ``|x| <= m``,
-  zero-padded to ``[16k, 16]``, so ``amax == max|x|`` exactly as max calibration gives it.  The
-  only case for a backend that takes its amax from the data (its ``calibrated_only`` formats).
+  zero-padded to ``[16k, 16]``, so ``amax == max|x|`` exactly as max calibration gives it.  With
+  ``calibrated_tiny`` the only cases for a backend that takes its amax from the data (its
+  ``calibrated_only`` formats);
+* ``calibrated_tiny``      -- the same for the tiny amax ``TINY_CALIBRATED_AMAX`` (``<= 2**-24``,
+  one just above it, and an all-zero expert): the domain where "amax <= 2**-24 is 1" rules
+  (FP8/INT ``cuda``) and plain ``448 / amax`` scales (Transformer Engine current scaling) part.
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ import torch
 
 from moe_fq_parity import reference
 from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.reference.constants import E2M1_GRID, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM
+from moe_fq_parity.reference.nvfp4 import static_block_scales
 
 from . import probes
 
@@ -32,6 +47,17 @@ NVFP4_WINDOW = 256.0
 
 CALIBRATED_AMAX = (1.0, 0.875, 448.0)
 """Named amax of the ``calibrated`` case (bf16 values; FP8 scales 448, 512, 1 are exact)."""
+
+TINY_CALIBRATED_AMAX = (0.0, 2.0**-133, 2.0**-126, 2.0**-100, 2.0**-30, 2.0**-25, 2.0**-24, 2.0**-24 * (1 + 2.0**-7))
+"""Amax of the ``calibrated_tiny`` case (bf16 values): zero (an all-zero expert, ``-0.0`` included),
+the smallest bf16 subnormal, the fp32 normal minimum, ``2**-100`` (``448 / amax`` overflows fp32 below
+``448 / FP32_MAX`` ~ ``1.3e-36``, so ``2**-126`` and ``2**-133`` scale by ``FP32_MAX`` in TE),
+``2**-30``, ``2**-25``, the boundary ``2**-24`` itself and the next bf16 above it."""
+
+NVFP4_PAIRS = (8, 256)
+"""``scale_pairs``: experts (one global amax each) x blocks per expert."""
+NVFP4_TIE_K = (-3, -2, -1, 0, 1, 2, 3)
+"""``e2m1_ties``: one expert per global amax ``2688 * 2**k``."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,64 @@ def fp32_case(fmt: str, *, seed: int = 0) -> Case:
     return make_case("fp32", [x], amax, x, amax.reshape(-1))
 
 
+def _reciprocal_block_scales(bamax: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Block scales through the FP8 ``reciprocal`` core instead of ``cuda`` (the alternative the
+    ``scale_pairs`` case separates ``modelopt_static`` from)."""
+    sixth = torch.reciprocal(torch.tensor(6.0))
+    return reference.fake_quant(bamax * sixth, g * sixth, "fp8_e4m3", "reciprocal")
+
+
+def nvfp4_scale_pairs_case(*, seed: int = 0) -> Case:
+    """``scale_pairs`` (NVFP4): see the module docstring.  Expert ``i`` is ``[16, 256]`` fp32 (256
+    blocks) with global amax ``g_i`` (fp32, ``2**-6 .. 2**10``); block ``j`` has max ``bamax_ij``
+    (``g_i * u``, ``u`` in ``(2**-9, 1]``) at a random position and sign, the rest ``bamax * r``,
+    ``r`` uniform in ``[-1, 1]``."""
+    gen = probes.generator(seed, "nvfp4/scale_pairs")
+    n_exp, n_blocks = NVFP4_PAIRS
+    weights, amax = [], []
+    for _ in range(n_exp):
+        g = torch.exp2(torch.randint(-6, 10, (), generator=gen).float()) * (1 + torch.rand((), generator=gen))
+        cand = g * (torch.rand(8 * n_blocks, generator=gen) * (1 - 2.0**-9) + 2.0**-9)
+        differ = static_block_scales(cand, g) != _reciprocal_block_scales(cand, g.reshape(1))
+        split, rest = cand[differ], cand[~differ]
+        k = max(min(split.numel(), 3 * n_blocks // 4), n_blocks - rest.numel())
+        bamax = torch.cat([split[:k], rest[: n_blocks - k]])
+        blocks = bamax[:, None] * (torch.rand(n_blocks, NVFP4_BLOCK, generator=gen) * 2 - 1)
+        where = torch.randint(0, NVFP4_BLOCK, (n_blocks,), generator=gen)
+        sign = torch.where(torch.rand(n_blocks, generator=gen) < 0.5, -1.0, 1.0)
+        blocks[torch.arange(n_blocks), where] = bamax * sign
+        weights.append(blocks.reshape(16, -1).contiguous())
+        amax.append(g)
+    a = torch.stack(amax).to(torch.float32)
+    return make_case("scale_pairs", weights, a, torch.stack(weights), a)
+
+
+def e4m3_values() -> torch.Tensor:
+    """Every positive finite E4M3 value (fp32), subnormals included: 126 values ``2**-9 .. 448``."""
+    sub = torch.arange(1, 8, dtype=torch.float32) * 2.0**-9
+    normal = torch.tensor([(1 + m / 8) * 2.0**e for e in range(-6, 9) for m in range(8)], dtype=torch.float32)
+    return torch.cat([sub, normal[normal <= 448.0]])
+
+
+def nvfp4_ties_case() -> Case:
+    """``e2m1_ties`` (NVFP4): see the module docstring.  Block ``E`` of the expert with
+    ``g = 2688 * 2**k``: ``[6 E 2**k, +-t E 2**k for the 7 ties t, -0.0]``; 126 E4M3 values ``E``
+    plus two zero blocks make ``[8, 256]`` fp32 per expert."""
+    mids = torch.tensor(E2M1_GRID, dtype=torch.float32)
+    mids = (mids[1:] + mids[:-1]) / 2
+    e = e4m3_values()
+    weights, amax = [], []
+    for k in NVFP4_TIE_K:
+        p = 2.0**k
+        blocks = torch.cat([(6 * e * p)[:, None], mids[None, :] * e[:, None] * p, -mids[None, :] * e[:, None] * p,
+                            torch.full((e.numel(), 1), -0.0)], dim=1)
+        blocks = torch.cat([blocks, torch.zeros(128 - e.numel(), NVFP4_BLOCK)])
+        weights.append(blocks.reshape(8, 256).contiguous())
+        amax.append(NVFP4_GLOBAL_SCALE_NUM * p)
+    a = torch.tensor(amax, dtype=torch.float32)
+    return make_case("e2m1_ties", weights, a, torch.stack(weights), a)
+
+
 def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> Case:
     """``calibrated``: ``CALIBRATED_AMAX`` plus up to ``n_split`` seeded random bf16 amax in
     ``[2**-8, 2**8]`` at which the reference variants' pre-round value of ``x = amax`` differ
@@ -140,28 +224,40 @@ def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> 
             differ |= p != pre[0]
         picked = cand[differ][:n_split]
     values = torch.cat([torch.tensor(CALIBRATED_AMAX, dtype=torch.bfloat16), picked]).to(torch.float32)
+    return _calibrated("calibrated", values)
+
+
+def _calibrated(name: str, values: torch.Tensor) -> Case:
+    """One expert per amax ``m``: every finite bf16 ``|x| <= m`` (``+-0`` included), zero-padded to ``[16k, 16]``."""
     every = probes.all_bf16(finite_only=True)
     weights = []
     for m in values.tolist():
         x = every[every.to(torch.float32).abs() <= m]
         weights.append(torch.cat([x, torch.zeros((-x.numel()) % 256, dtype=x.dtype)]).reshape(-1, 16))
-    return make_case("calibrated", weights, values)
+    return make_case(name, weights, values)
+
+
+def calibrated_tiny_case() -> Case:
+    """``calibrated_tiny``: ``TINY_CALIBRATED_AMAX``, each the exact max of its expert."""
+    values = torch.tensor(TINY_CALIBRATED_AMAX, dtype=torch.float32)
+    assert torch.equal(values.to(torch.bfloat16).to(torch.float32), values)
+    return _calibrated("calibrated_tiny", values)
 
 
 def build_cases(
     fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, calibrated_only: bool = False, **options
 ) -> list[Case]:
-    """The cases of the module docstring for ``fmt``; ``calibrated_only``: that case alone.
+    """The cases of the module docstring for ``fmt``; ``calibrated_only``: the two calibrated cases alone.
 
     * ``seed``: construction seed (``probes.generator``);
     * ``n_ties``: near-tie constructions (each at 5 amax ulp offsets);
     * ``n_split``: variant-splitting amax added to ``all_bf16`` and ``calibrated``;
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
-    calibrated = calibrated_case(fmt, seed=seed, n_split=n_split, **options)
+    calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
     if calibrated_only:
-        return [calibrated]
+        return calibrated
     if fmt == "nvfp4":
-        return [nvfp4_blocks_case(), calibrated]
+        return [nvfp4_blocks_case(), nvfp4_scale_pairs_case(seed=seed), nvfp4_ties_case(), *calibrated]
     ties = probes.near_ties(fmt, n_ties, seed=seed)
-    return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), fp32_case(fmt, seed=seed), calibrated]
+    return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), fp32_case(fmt, seed=seed), *calibrated]

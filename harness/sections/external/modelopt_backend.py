@@ -6,9 +6,13 @@ One backend object per Model-Optimizer code path, so a report can say which one 
   ``fake_tensor_quant`` -> the JIT-built extension ``modelopt_cuda_ext`` (per tensor, or its
   ``_with_axis`` kernel per channel); FP8 runs ``scaled_e4m3`` -> ``modelopt_cuda_ext_fp8``;
   NVFP4 runs ``static_blockwise_fp4_fake_quant`` (Triton kernel; its E4M3 block-scale step goes
-  through ``scaled_e4m3``'s path again).  Model-Optimizer silently falls back to its eager code
-  when an extension fails to build, so ``available()`` builds both extensions with
-  ``raise_if_failed=True`` first: a fallback can never pass as the CUDA path.
+  through ``scaled_e4m3``'s path again, i.e. ``modelopt_cuda_ext_fp8``).  Model-Optimizer silently
+  falls back to its eager code when an extension fails to build, so ``format_available(fmt)``
+  builds the extension that format needs (INT: ``modelopt_cuda_ext``; FP8 and NVFP4:
+  ``modelopt_cuda_ext_fp8``) with ``raise_if_failed=True`` first: a fallback can never pass as the
+  CUDA path.  The Triton kernel's fp32 ``|x| / scale`` compiles to ``div.full.f32`` (approximate),
+  so NVFP4 is in ``approximate_division``: exact E2M1 ties may round away from even
+  (``variant_match`` lists every such flip).
 * ``modelopt-eager`` (``device="cpu"``): the same public functions on CPU tensors, which run
   Model-Optimizer's eager torch code (INT: ``_tensor_quant``; FP8: ``fp8_eager``).  NVFP4 has no
   CPU path in 0.47.0.
@@ -36,7 +40,7 @@ from moe_fq_parity.reference.nvfp4 import block_amax
 from ._imports import try_import
 
 MODELOPT_VERSION = "0.47.0"
-"""The release whose semantics docs/measured.md §5-§7 describe; another version is reported, not refused."""
+"""The release the reference's ``modelopt`` variants were read from (docs/measured.md §5-§7); another version is reported, not refused."""
 
 _TENSOR_QUANT = "modelopt.torch.quantization.tensor_quant"
 _INT_OPTIONS = frozenset({"narrow_range", "unsigned"})
@@ -80,6 +84,13 @@ class ModeloptBackend:
         self.name = "modelopt" if path == "cuda" else "modelopt-eager"
         self.device = "cuda" if path == "cuda" else "cpu"
         self.formats = set(_OPTIONS) if path == "cuda" else set(_OPTIONS) - {"nvfp4"}
+        self.approximate_division = frozenset({"nvfp4"}) if path == "cuda" else frozenset()
+        """Formats whose upstream kernel divides with an approximate (not correctly rounded) fp32 division."""
+
+    @staticmethod
+    def upstream_version() -> Optional[str]:
+        """Installed ``nvidia-modelopt`` version, or ``None``."""
+        return modelopt_version()
 
     def __repr__(self) -> str:
         return f"ModeloptBackend(path={self.path!r})"
@@ -87,7 +98,7 @@ class ModeloptBackend:
     # -- availability -------------------------------------------------------------------------
 
     def available(self) -> tuple[bool, str]:
-        """Importable, and on the CUDA path: a GPU and both extensions built (see module docstring)."""
+        """Importable, and on the CUDA path: a GPU (extensions are built per format: ``format_available``)."""
         tq, why = try_import(_TENSOR_QUANT)
         if tq is None:
             return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
@@ -95,8 +106,7 @@ class ModeloptBackend:
             return True, ""
         if not torch.cuda.is_available():
             return False, "no CUDA device: the CUDA-extension path needs a GPU"
-        reasons = [r for r in (_cuda_extension("int"), _cuda_extension("fp8")) if r]
-        return (not reasons), "; ".join(reasons)
+        return True, ""
 
     def format_available(self, fmt: str) -> tuple[bool, str]:
         """Whether this path runs ``fmt`` here, and why not."""
@@ -105,6 +115,10 @@ class ModeloptBackend:
         ok, why = self.available()
         if not ok:
             return False, why
+        if self.path == "cuda":
+            why = _cuda_extension("int" if format_spec(fmt).is_int else "fp8")
+            if why:
+                return False, why
         if fmt == "nvfp4":
             gemm, why = try_import("modelopt.torch.kernels.quantization.gemm")
             if gemm is None:
@@ -182,6 +196,10 @@ class ModeloptBackend:
     def _one(self, w: torch.Tensor, a: torch.Tensor, fmt: str, *, pass_through_bwd: bool, **opts) -> torch.Tensor:
         if w.numel() == 0:
             return torch.empty_like(w)
+        if self.path == "cuda":
+            ok, why = self.format_available(fmt)
+            if not ok:
+                raise RuntimeError(why)
         tq, why = try_import(_TENSOR_QUANT)
         if tq is None:
             raise RuntimeError(why)

@@ -6,8 +6,14 @@ For every backend of ``harness.external.BACKENDS`` that can run here, and every 
   bit for bit, the mismatch count against each, and the variant it is expected to match
   (``EXPECTED``).  The row passes when the expected variant is among the matched ones; it fails
   when the reference has no such variant or the backend differs from it (first offenders in the
-  message, all of them in ``python -m moe_fq_parity.harness.sections.external.variant_match``);
-* STE rows (both modes, per expert and per channel) and calibration rows, where the backend has them.
+  message, all of them in ``python -m moe_fq_parity.harness.sections.external.variant_match``).
+  One exception, declared by the backend and never assumed: for a format in the backend's
+  ``approximate_division`` (Model-Optimizer's Triton NVFP4 kernel divides with ``div.full.f32``),
+  a variant whose only mismatches are exact-tie flips (``variant_match.exact_tie``) passes, and
+  the row says how many flips there were (``tie_flips``; every one in ``variant_match --show``);
+* STE rows (both modes, per expert and per channel), the clip-rule fingerprint
+  (``checks.clip_rule_row``: which ``reference.CLIP_RULES`` the clipped backward follows) and
+  calibration rows, where the backend has them.
 
 A backend that cannot run here gives one ``skip`` row with its reason; a format it cannot run
 here, one ``skip`` row per format.
@@ -22,7 +28,7 @@ import torch
 from moe_fq_parity import reference
 
 from . import BACKENDS
-from .checks import calibration_rows, ste_rows
+from .checks import calibration_rows, clip_rule_row, ste_rows
 from .match_cases import Case, build_cases
 from .modelopt_backend import modelopt_version
 from .registry import resolve
@@ -50,7 +56,7 @@ EXPECTED: dict[tuple[str, str], str] = {
 """The reference variant each external path is expected to match (docs/measured.md §5-§7; the eager
 path's op order as measured here: ``eager`` is not yet a reference variant, see the README)."""
 
-COLUMNS = ["backend", "format", "options", "expected", "matched", "mismatches", "elements", "near_ties"]
+COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "elements", "near_ties"]
 
 
 def _options(fmt: str) -> list[dict[str, Any]]:
@@ -63,16 +69,21 @@ def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[
             f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}")
 
 
-def variants_row(m: FormatMatch, expected: Optional[str], repro: str) -> SectionRow:
-    """The ``variants`` row of one backend and format (see the module docstring)."""
+def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approximate_division: bool = False,
+                 version: str = "-") -> SectionRow:
+    """The ``variants`` row of one backend and format (see the module docstring); ``version``: the
+    installed version of the upstream package the backend runs."""
     opt = ",".join(f"{k}={v}" for k, v in sorted(m.options.items())) or "default"
     rid = f"external/{m.backend}/{m.fmt}/variants" + ("" if opt == "default" else f"/{opt}")
     fields = {
-        "backend": m.backend, "format": m.fmt, "options": opt, "expected": expected or "-",
+        "backend": m.backend, "format": m.fmt, "options": opt, "version": version, "expected": expected or "-",
         "matched": ", ".join(m.matched) or "none",
         "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
+        "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" for v in m.variant_names if m.tie_flips(v)) or "0",
         "elements": m.numel, "near_ties": m.near_tie,
     }
+    if m.matched_up_to_ties:
+        fields["matched"] += (" | " if m.matched else "") + "up to exact-tie flips: " + ", ".join(m.matched_up_to_ties)
     if m.declined:
         fields["declined"] = " | ".join(m.declined)[:300]
     if m.errors:
@@ -81,6 +92,10 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str) -> Section
         return SectionRow(rid, "fail", fields, repro,
                           f"the reference has no variant {expected!r} (known: {list(m.variant_names)}); {_first(m, None)}")
     ok = expected in m.matched if expected is not None else bool(m.matched)
+    if not ok and approximate_division and expected in m.matched_up_to_ties:
+        return SectionRow(rid, "pass", fields, repro,
+                          f"{m.tie_flips(expected)} exact E2M1 ties rounded away from even (the kernel's approximate "
+                          f"fp32 division); every other element matches {expected}")
     return SectionRow(rid, "pass" if ok else "fail", fields, repro, "" if ok else _first(m, expected))
 
 
@@ -94,6 +109,12 @@ def _first(m: FormatMatch, variant: Optional[str]) -> str:
             if v.variant == variant:
                 out += [f"{c.case}: amax {o.amax_hex} x {o.x_hex} -> {o.got_hex}, {variant} {o.expected_hex} ({o.cls})" for o in v.offenders[:2]]
     return f"vs {variant}: " + "; ".join(out[:6]) if out else f"vs {variant}: no offenders listed"
+
+
+def _version(obj: object) -> str:
+    """The installed version of the upstream package behind an external backend."""
+    probe = getattr(obj, "upstream_version", None)
+    return (probe() or "not installed") if callable(probe) else "-"
 
 
 def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device: str, cache: dict) -> list[SectionRow]:
@@ -117,9 +138,13 @@ def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device:
                 cache[key] = build_cases(fmt, seed=seed, calibrated_only=only, **sizes, **opts)
             cases: list[Case] = cache[key]
             m = match_variants(obj, fmt, cases=cases, **opts)
-            rows.append(variants_row(m, EXPECTED.get((name, fmt)), _repro(name, fmt, seed, sizes, opts)))
+            rows.append(variants_row(m, EXPECTED.get((name, fmt)), _repro(name, fmt, seed, sizes, opts),
+                                     approximate_division=fmt in getattr(obj, "approximate_division", ()),
+                                     version=_version(obj)))
         if hasattr(obj, "ste_backward"):
             rows += ste_rows(obj, fmt, seed, f"external/{name}")
+            if reference.format_spec(fmt).block is None:
+                rows.append(clip_rule_row(obj, fmt, seed, f"external/{name}"))
     rows += calibration_rows(obj, seed, f"external/{name}")
     return rows
 

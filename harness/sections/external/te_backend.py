@@ -75,6 +75,11 @@ class TEBackend:
         self.formats = {"fp8_e4m3", "nvfp4"} if recipe == "delayed" else {"fp8_e4m3"}
         self.calibrated_only = frozenset({"nvfp4"} if recipe == "delayed" else {"fp8_e4m3"})
 
+    @staticmethod
+    def upstream_version() -> str | None:
+        """Installed ``transformer_engine`` version, or ``None``."""
+        return te_version()
+
     def __repr__(self) -> str:
         return f"TEBackend(recipe={self.recipe!r})"
 

@@ -8,6 +8,13 @@ payloads counted apart).  A variant *matches* when no element differs: in value,
 of a zero.  NaN payloads are not part of the match (the reference writes the canonical NaN
 ``0x7FFF``; torch's CPU casts keep sign and payload): ``nan_bits`` counts them.
 
+Exact ties: where a variant's pre-rounding value is *exactly* the midpoint of two grid values
+(``exact_tie``), IEEE arithmetic rounds it to even; an implementation whose quotient is not
+correctly rounded (Triton's fp32 ``/`` is ``div.full.f32`` on NVIDIA GPUs) may land one ulp off and
+round the other way.  Those mismatches are counted (``tie_flips``) and listed apart
+(``tie_offenders``, every one of them); a variant whose only mismatches are exact-tie flips is
+``matched_up_to_ties``, never ``matched``.
+
 Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``.
 """
 
@@ -29,6 +36,8 @@ from .match_cases import Case, build_cases
 
 DEFAULT_CAP = 64
 """Offenders listed per variant and case (all are counted)."""
+TIE_CAP = 1 << 16
+"""Exact-tie flips listed per variant and case (all are counted)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,10 @@ class VariantResult:
     nan_bits: int
     signed_zero: int
     offenders: tuple[Offender, ...] = field(default=())
+    tie_flips: int = 0
+    """Mismatches (of ``mismatches``) at elements whose pre-rounding value is an exact grid tie."""
+    tie_offenders: tuple[Offender, ...] = field(default=())
+    """Every tie flip (up to ``TIE_CAP``), in index order."""
 
     @property
     def matches(self) -> bool:
@@ -114,6 +127,18 @@ class FormatMatch:
         """Variants with zero value mismatches over every case."""
         return tuple(v for v in self.variant_names if self.mismatches(v) == 0)
 
+    def tie_flips(self, variant: str) -> Optional[int]:
+        """Of ``mismatches(variant)``, those at exact grid ties (``None`` if a case errored)."""
+        if self.errors:
+            return None
+        return sum(v.tie_flips for c in self.cases for v in c.variants if v.variant == variant)
+
+    @property
+    def matched_up_to_ties(self) -> tuple[str, ...]:
+        """Variants not matched whose every mismatch is an exact-tie flip."""
+        return tuple(v for v in self.variant_names if v not in self.matched and self.mismatches(v) is not None
+                     and self.mismatches(v) == self.tie_flips(v))
+
     @property
     def numel(self) -> int:
         return sum(c.numel for c in self.cases)
@@ -125,7 +150,9 @@ class FormatMatch:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["matched"] = list(self.matched)
+        d["matched_up_to_ties"] = list(self.matched_up_to_ties)
         d["totals"] = {v: self.mismatches(v) for v in self.variant_names}
+        d["tie_flip_totals"] = {v: self.tie_flips(v) for v in self.variant_names}
         return d
 
 
@@ -149,21 +176,47 @@ def _reference(case: Case, fmt: str, variant: str, options: dict) -> tuple[torch
     return torch.cat(outs), torch.cat(pres), grid
 
 
+def exact_tie(pre: torch.Tensor, grid_round: Any) -> torch.Tensor:
+    """True where the fp32 ``pre`` is exactly halfway between two adjacent grid values: its fp32
+    neighbours round to different grid values whose mean is ``pre`` (the mean of two grid values
+    of these formats is exact in fp32)."""
+    lo = grid_round(torch.nextafter(pre, torch.full_like(pre, -float("inf"))))
+    hi = grid_round(torch.nextafter(pre, torch.full_like(pre, float("inf"))))
+    return torch.isfinite(pre) & (lo != hi) & ((lo + hi) * 0.5 == pre)
+
+
+def _offenders_at(case: Case, idx: torch.Tensor, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor,
+                  ulp: list[int], cls: list[str]) -> tuple[Offender, ...]:
+    if idx.numel() == 0:
+        return ()
+    x, a, e, g = case.flat_input()[idx], case.elem_amax[idx], expected[idx], got[idx]
+    ah, xh, eh, gh = (probes.hex_bits(t) for t in (a, x, e, g))
+    return tuple(Offender(index=i, amax=float(a[k]), amax_hex=ah[k], x=float(x[k]), x_hex=xh[k], expected=float(e[k]),
+                          expected_hex=eh[k], got=float(g[k]), got_hex=gh[k], pre_round=float(pre[i]), ulp=ulp[k], cls=cls[k])
+                 for k, i in enumerate(idx.tolist()))
+
+
 def _offenders(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, comp: Comparison, cap: int) -> tuple[Offender, ...]:
     """The first ``cap`` differing elements: value mismatches in index order, then zero-sign ones."""
     zero_sign = torch.nonzero((expected == 0) & (got == 0) & (torch.signbit(expected) != torch.signbit(got))).reshape(-1)
     idx = torch.cat([comp.mismatch_index, zero_sign])[:max(cap, 0)]
-    if idx.numel() == 0:
-        return ()
     n_val = comp.mismatch_index.numel()
-    x, a, e, g = case.flat_input()[idx], case.elem_amax[idx], expected[idx], got[idx]
-    ah, xh, eh, gh = (probes.hex_bits(t) for t in (a, x, e, g))
-    out = []
-    for k, i in enumerate(idx.tolist()):
-        ulp, cls = (int(comp.mismatch_ulp[k]), CLASSES[int(comp.mismatch_class[k])]) if k < n_val else (0, "signed_zero")
-        out.append(Offender(index=i, amax=float(a[k]), amax_hex=ah[k], x=float(x[k]), x_hex=xh[k], expected=float(e[k]),
-                            expected_hex=eh[k], got=float(g[k]), got_hex=gh[k], pre_round=float(pre[i]), ulp=ulp, cls=cls))
-    return tuple(out)
+    ulp = [int(comp.mismatch_ulp[k]) if k < n_val else 0 for k in range(idx.numel())]
+    cls = [CLASSES[int(comp.mismatch_class[k])] if k < n_val else "signed_zero" for k in range(idx.numel())]
+    return _offenders_at(case, idx, expected, got, pre, ulp, cls)
+
+
+def _tie_flips(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, grid_round: Any,
+               comp: Comparison) -> tuple[int, tuple[Offender, ...]]:
+    """Value mismatches at exact ties: their count and the first ``TIE_CAP`` of them."""
+    idx = comp.mismatch_index
+    if idx.numel() == 0:
+        return 0, ()
+    at_tie = exact_tie(pre[idx], grid_round)
+    k = torch.nonzero(at_tie).reshape(-1)
+    sel = idx[k][:TIE_CAP]
+    ulp = [int(u) for u in comp.mismatch_ulp[k][:TIE_CAP].tolist()]
+    return int(at_tie.sum()), _offenders_at(case, sel, expected, got, pre, ulp, ["exact_tie"] * sel.numel())
 
 
 def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP, **options) -> CaseResult:
@@ -180,10 +233,12 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
         ties |= near_tie(pre, grid_round) & torch.isfinite(pre)
         comp = compare(expected, got, pre, grid_round)
         same = bits_equal(expected, got)
+        n_ties, tie_list = _tie_flips(case, expected, got, pre, grid_round, comp)
         results.append(VariantResult(
             variant=v, numel=case.numel, mismatches=case.numel - comp.counts["exact"] + comp.signed_zero, counts=comp.counts, max_ulp=comp.max_ulp,
             bit_mismatches=int((~same).sum()), nan_bits=int((~same & torch.isnan(expected) & torch.isnan(got)).sum()),
             signed_zero=comp.signed_zero, offenders=_offenders(case, expected, got, pre, comp, cap),
+            tie_flips=n_ties, tie_offenders=tie_list,
         ))
     return CaseResult(case.name, case.numel, int(ties.sum()), tuple(results))
 
@@ -209,19 +264,45 @@ def match_variants(
 
 def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
     """Human-readable lines: per case and variant, value mismatches (bit-level differences apart)."""
-    lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'} ({m.numel} elements, {m.near_tie} near ties)"]
+    up = f"; up to exact-tie flips: {', '.join(f'{v} ({m.tie_flips(v)} flips)' for v in m.matched_up_to_ties)}" if m.matched_up_to_ties else ""
+    lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'}{up} ({m.numel} elements, {m.near_tie} near ties)"]
     for c in m.cases:
         if c.error:
             lines.append(f"  {c.case}: backend raised {c.error}")
             continue
+        if c.declined:
+            lines.append(f"  {c.case}: declined: {c.declined}")
+            continue
         per = ", ".join(f"{v.variant}={v.mismatches} (max {v.max_ulp} ulp; bits {v.bit_mismatches}, nan-bits {v.nan_bits}, "
-                        f"-0 {v.signed_zero})" for v in c.variants)
+                        f"-0 {v.signed_zero}, exact-tie flips {v.tie_flips})" for v in c.variants)
         lines.append(f"  {c.case} [{c.numel} el, {c.near_tie} near ties]: {per}")
         for v in c.variants:
             for o in v.offenders[:offenders]:
                 lines.append(f"    vs {v.variant}: amax {o.amax_hex} x {o.x_hex} expected {o.expected_hex} got {o.got_hex} "
                              f"({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
+    for v in m.matched_up_to_ties:
+        lines.append(f"  exact-tie flips vs {v} (IEEE rounds the tie to even; the backend went the other way):")
+        for c in m.cases:
+            for r in c.variants:
+                if r.variant == v:
+                    lines += [f"    {c.case}[{o.index}]: amax {o.amax!r} x {o.x!r} ({o.x_hex}) |x|/scale = {abs(o.pre_round)!r} "
+                              f"expected {o.expected!r} got {o.got!r}" for o in r.tie_offenders]
     return lines
+
+
+def tie_probe(backend: object) -> dict[str, Any]:
+    """Run ``reference.nvfp4.nvfp4_tie_probe`` through ``backend`` (one fp32 block ``[bamax, x, 0...]``
+    with global amax ``g``): the IEEE answer, the backend's, and which way it rounded the tie."""
+    from moe_fq_parity.reference.nvfp4 import nvfp4_tie_probe
+
+    p = nvfp4_tie_probe()
+    w = torch.zeros(1, 16, dtype=torch.float32)
+    w[0, 0], w[0, 1] = p["block_amax"], p["x"]
+    dev = backend_device(backend)
+    got = backend.fake_quant([w.to(dev)], torch.tensor([p["global_amax"]], device=dev), "nvfp4")[0].cpu()
+    y = float(got[0, 1])
+    way = "to even (IEEE)" if y == p["y_ieee"] else "away from even" if y == p["y_quotient_above"] else "neither neighbour"
+    return {**p, "y_backend": y, "y_backend_hex": probes.hex_bits(got[0, 1:2])[0], "rounded": way}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -238,6 +319,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--show", type=int, default=4, help="offenders printed per variant and case")
     p.add_argument("--narrow-range", action="store_true", help="INT formats: narrow range")
     p.add_argument("--json", help="write the full records (offenders included) to this file")
+    p.add_argument("--tie-probe", action="store_true",
+                   help="NVFP4: also run the exact-tie probe (reference.nvfp4.nvfp4_tie_probe) and print what the backend gives")
     args = p.parse_args(argv)
     backend, why = load_backend(args.backend)
     if backend is None:
@@ -254,6 +337,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
         print("\n".join(summary_lines(m, offenders=args.show)))
         results.append(m.to_json())
+        if args.tie_probe and fmt == "nvfp4":
+            probe_result = tie_probe(backend)
+            print("tie probe: " + ", ".join(f"{k}={v!r}" for k, v in probe_result.items()))
+            results.append({"backend": getattr(backend, "name", args.backend), "tie_probe": probe_result})
     if args.json:
         with open(args.json, "w") as fh:
             fh.write(dumps(results))
