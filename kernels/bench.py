@@ -509,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cases", action="store_true", help="skip the case table")
     ap.add_argument("--host-calls", type=int, default=1000, help="calls per entry of the host-cost distribution (0: skip)")
     ap.add_argument("--host-after", type=int, default=len(FIRST), help="measure the host distribution after this many cases")
+    ap.add_argument("--host-counts", default=",".join(map(str, EXPERT_COUNTS)), help="expert counts of the host distribution")
+    ap.add_argument("--max-cases", type=int, default=0, help="stop after this many cases (0: all; the acceptance cases come first)")
     ap.add_argument("--host-reps", type=int, default=30, help="calls per host-time median in the case table")
     ap.add_argument("--profile", action="store_true", help="L2-resident ceilings and compiled-kernel facts per format")
     ap.add_argument("--eager-max-gb", type=float, default=1.2, help="skip the eager baselines above this many bytes moved")
@@ -543,15 +545,17 @@ def main(argv: list[str] | None = None) -> int:
     print(TABLE_HEAD, flush=True)
     for i, (name, n, shape) in enumerate([] if args.no_cases else _cases(args.quick)):
         if i == args.host_after and args.host_calls:
-            report["host"] = host_distribution(args.host_calls)
+            report["host"] = host_distribution(args.host_calls, tuple(int(c) for c in args.host_counts.split(",")))
             save()
+        if args.max_cases and i >= args.max_cases:
+            break
         results.append(bench_case(name, n, shape, copy_gbps, args, configs))
         print(table_row(results[-1]) + f"  ({time.time() - t0:.0f}s)", flush=True)
         report["cases"] = [asdict(r) for r in results]
         save()  # partial results survive a timeout
         torch.cuda.empty_cache()
     if args.host_calls and "host" not in report:
-        report["host"] = host_distribution(args.host_calls)
+        report["host"] = host_distribution(args.host_calls, tuple(int(c) for c in args.host_counts.split(",")))
         save()
     report["seconds"] = time.time() - t0
     save()
