@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
