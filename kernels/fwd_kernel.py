@@ -73,12 +73,14 @@ def _bad_amax(a):
 def _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL: tl.constexpr):
     """Flag every bad amax entry of expert ``e`` (its ``rows`` entries per channel, else one)."""
     if PER_CHANNEL:
-        for r0 in range(0, rows, 1024):
+        r0 = rows * 0  # a while loop: Triton 3.6's interpreter cannot iterate range() up to a loaded value
+        while r0 < rows:
             r = r0 + tl.arange(0, 1024)
             a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=r < rows, other=1.0)
             _flag_if(flag_ptr, 0, a != a)
             _flag_if(flag_ptr, 1, tl.abs(a) == float("inf"))
             _flag_if(flag_ptr, 2, a < 0.0)
+            r0 += 1024
     else:
         a = tl.load(amax_ptr + e * amax_se)
         tl.store(flag_ptr + 0, 1, mask=a != a)

@@ -143,18 +143,21 @@ _dtype = operator.attrgetter("dtype")
 
 
 def table_key(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> tuple:
-    """Identity of a table: per expert the address, shape, contiguity and dtype, plus the device of
-    the first (device addresses are unique across devices under CUDA's unified addressing); the
-    same for the gradients.  Contiguity and shape fix the strides.  C-level reads only."""
-    key = (tuple(map(_data_ptr, xs)), tuple(map(_shape, xs)), tuple(map(_is_contiguous, xs)), tuple(map(_dtype, xs)), xs[0].device)
+    """Identity of a table: ``(addresses, rest)``: per expert the address, and in ``rest`` the
+    shape, contiguity and dtype, plus the device of the first (device addresses are unique across
+    devices under CUDA's unified addressing); the same for the gradients.  Contiguity and shape fix
+    the strides.  C-level reads only; the cache hashes the addresses and compares ``rest``."""
+    ptrs = tuple(map(_data_ptr, xs))
+    rest = (tuple(map(_shape, xs)), tuple(map(_is_contiguous, xs)), tuple(map(_dtype, xs)), xs[0].device)
     if grads is not None:
-        key += (tuple(map(_data_ptr, grads)), tuple(map(_shape, grads)), tuple(map(_is_contiguous, grads)), tuple(map(_dtype, grads)))
-    return key
+        ptrs += tuple(map(_data_ptr, grads))
+        rest += (tuple(map(_shape, grads)), tuple(map(_is_contiguous, grads)), tuple(map(_dtype, grads)))
+    return ptrs, rest
 
 
 CACHE_SIZE = 64
-"""Tables kept (least recently used first out); tables a CUDA graph captured are kept for good."""
-_TABLES: "OrderedDict[tuple, ExpertTable]" = OrderedDict()
+"""Tables kept (oldest first out); tables a CUDA graph captured are kept for good."""
+_TABLES: dict[tuple, ExpertTable] = {}
 _CAPTURED: dict[int, ExpertTable] = {}
 
 
@@ -168,18 +171,19 @@ def table_for(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None =
     """
     try:
         key = table_key(xs, grads)
-        table = _TABLES.get(key)
+        table = _TABLES.get(key[0])
+        if table is not None and table.key[1] != key[1]:
+            table = None
     except (AttributeError, TypeError, RuntimeError, IndexError):
         key, table = None, None
     if table is None:
         validate()
         key = table_key(xs, grads)
         table = expert_table(xs, grads, key=key)
-        _TABLES[key] = table
+        _TABLES.pop(key[0], None)
+        _TABLES[key[0]] = table
         if len(_TABLES) > CACHE_SIZE:
-            _TABLES.popitem(last=False)
-    else:
-        _TABLES.move_to_end(key)
+            del _TABLES[next(iter(_TABLES))]
     if table.device.type == "cuda" and id(table) not in _CAPTURED and torch.cuda.is_current_stream_capturing():
         _CAPTURED[id(table)] = table
     return table
@@ -214,7 +218,7 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
     pinned host tensor and one asynchronous copy to the device (the host tensor stays referenced
     by the table, so a copy captured in a CUDA graph always reads the right bytes)."""
     key = table_key(xs, grads) if key is None else key
-    ptrs, shape_list = key[0], key[1]
+    ptrs, shape_list = key[0][: len(xs)], key[1][0]
     shapes = tuple(expert_matrix_shape(w) for w in xs)
     offsets, total = [], 0
     for r, c in shapes:
@@ -334,6 +338,40 @@ def _stacked_vec(x: torch.Tensor, cols: int) -> int:
     return vec if cols % vec == 0 else 1
 
 
+def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], args: tuple, kw: dict, device: torch.device):
+    """``jit_fn[grid](*args, **kw)``; on a GPU, later launches with the same ``fkey`` (everything
+    Triton specialises on: dtypes, pointer alignment, integer values) call the compiled kernel's
+    launcher directly, skipping Triton's per-call argument binding and cache-key hashing (the same
+    ``run(...)`` call ``JITFunction.run`` makes, with every parameter in signature order)."""
+    fast = plans.get(fkey)
+    if fast is not None:
+        compiled, consts, knobs = fast
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        full = (*args, *consts)
+        md = compiled.launch_metadata(grid, stream, *full)
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, md,
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # fmt: skip
+        return compiled
+    compiled = jit_fn[grid](*args, **kw)
+    if device.type == "cuda" and FAST_LAUNCH and compiled is not None and hasattr(compiled, "packed_metadata"):
+        try:
+            from triton import knobs
+        except ImportError:  # a Triton without knobs: keep the JIT path
+            return compiled
+        names = jit_fn.arg_names[len(args):]
+        if all(n in kw for n in names):
+            plans[fkey] = (compiled, tuple(kw[n] for n in names), knobs)
+    return compiled
+
+
+FAST_LAUNCH = True
+"""Reuse compiled kernels' launchers directly (GPU only); ``False`` always goes through the JIT."""
+
+
+def _align(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
 def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_channel: bool, check: bool, config: KernelConfig | None):
     """``(grid, launch keywords)`` of a forward over ``table`` (cached in the table)."""
     pkey = ("fwd", spec, dtype, per_channel, check, config)
@@ -366,11 +404,11 @@ def fwd_list(
     device = table.device
     grid, kw = _fwd_plan(table, spec, x0.dtype, amax.per_channel, bool(check), config)
     flags = checks.flags_for(device, check)
+    args = (_bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, _dummy(device) if flags is None else flags,
+            len(table.shapes), 0, 0)  # fmt: skip
+    fkey = ("fast", grid, id(kw), _align(amax.data), amax.se, amax.sr, _align(out_flat))
     with _quiet(device):
-        compiled = fake_quant_fwd_kernel[grid](
-            _bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, _dummy(device) if flags is None else flags,
-            len(table.shapes), 0, 0, **kw,
-        )  # fmt: skip
+        compiled = _launch(fake_quant_fwd_kernel, table.plans, fkey, grid, args, kw, device)
     if flags is not None:
         checks.after_launch(flags, device, check)
     return compiled
@@ -425,10 +463,10 @@ def bwd_list(
 
     x0, g0 = xs[table.base], grads[table.base]
     grid, kw = _bwd_plan(table, x0.dtype, amax.per_channel, config)
+    args = (_bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0)
+    fkey = ("fast", grid, id(kw), _align(amax.data), amax.se, amax.sr, _align(out_flat))
     with _quiet(table.device):
-        clipped_bwd_kernel[grid](
-            _bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0, **kw
-        )  # fmt: skip
+        _launch(clipped_bwd_kernel, table.plans, fkey, grid, args, kw, table.device)
 
 
 def bwd_stacked(

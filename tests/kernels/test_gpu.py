@@ -150,7 +150,9 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool
         fq["out"] = kernels.fake_quant_experts(ws, amax, fmt)
 
     g_layer = _graph_capture(step)
+    graph_out = dict(static)  # the graph's own output tensors (eager steps below rebind ``static``)
     g_fq = _graph_capture(functional)
+    graph_fq = list(fq["out"])
     for trial in range(2):
         with torch.no_grad():  # new values at the same addresses
             x.copy_(torch.randn_like(x))
@@ -159,8 +161,8 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool
         g_layer.replay()
         g_fq.replay()
         torch.cuda.synchronize()
-        replayed = {k: v.clone() for k, v in static.items()}
-        replayed_fq = [t.clone() for t in fq["out"]]
+        replayed = {k: v.clone() for k, v in graph_out.items()}
+        replayed_fq = [t.clone() for t in graph_fq]
         step()
         functional()
         torch.cuda.synchronize()
