@@ -18,8 +18,12 @@ by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outp
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
 (``launch.table_for``), so a repeated call (same weights, new amax values or not) skips the
-per-expert validation and every host-to-device copy.  Shape/type errors are raised on the host as
-before, whenever the table is new.
+per-expert validation and every host-to-device copy, and launches the compiled kernel directly.
+Shape/type errors are raised on the host whenever the table is new.  Measured on an H100 host
+(torch 2.11, Triton 3.6; ``docs/kernels_performance.md`` §2): ``fake_quant_experts`` unchecked
+36 µs median at N=4, 70 µs at N=32, 304 µs at N=128 (about 30 µs fixed plus 1-2 µs per expert,
+mostly creating the N output views and reading the N tensors' key attributes); the checked default
+adds the asynchronous flag copy (~17 µs).
 """
 
 from __future__ import annotations

