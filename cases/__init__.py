@@ -13,7 +13,7 @@
 """
 
 from .case import AMAX_POLICIES, DTYPES, GRANULARITIES, LAYOUTS, Case
-from .catalogue import SUITES, CatalogueError, marks, select, suite
+from .catalogue import SUITE_NAMES, SUITES, CatalogueError, Suite, marks, parse_suite, select, suite, suite_table
 from .inputs import DEFAULT_SEED, CaseInputs, case_seed, make_inputs
 from .rules import make_case, parse_case, validate
 
@@ -24,6 +24,10 @@ __all__ = [
     "GRANULARITIES",
     "LAYOUTS",
     "SUITES",
+    "SUITE_NAMES",
+    "Suite",
+    "parse_suite",
+    "suite_table",
     "Case",
     "CaseInputs",
     "CatalogueError",

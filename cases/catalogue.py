@@ -18,8 +18,9 @@ must then pass ``cases.rules``: a rejection is a bug in the catalogue (a typo), 
 from __future__ import annotations
 
 import fnmatch
+from enum import Enum
 from itertools import product
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
@@ -160,14 +161,50 @@ def nightly() -> tuple[Case, ...]:
     return _unique(out)
 
 
-SUITES: dict[str, Callable[[], tuple[Case, ...]]] = {"smoke": smoke, "ci": ci, "nightly": nightly, "ultra": ultra}
+class Suite(str, Enum):
+    """The suites: the one list of suite names.  Every per-suite table (cases here; the MoE, dist,
+    external and self-test sections' sizes) is keyed by these members through ``suite_table``, and
+    compares and hashes equal to the plain name (``Suite.CI == "ci"``)."""
+
+    SMOKE = "smoke"
+    CI = "ci"
+    NIGHTLY = "nightly"
+    ULTRA = "ultra"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SUITE_NAMES: tuple[str, ...] = tuple(s.value for s in Suite)
+
+_T = TypeVar("_T")
+
+
+def parse_suite(name: object) -> Suite:
+    """``Suite(name)``, or ``ValueError`` naming the argument and the known suites."""
+    try:
+        return Suite(name)
+    except ValueError:
+        raise ValueError(f"unknown suite {name!r}; known: {list(SUITE_NAMES)}") from None
+
+
+def suite_table(table: Mapping[str, _T], *, what: str, partial: bool = False) -> dict[Suite, _T]:
+    """``table`` keyed by ``Suite`` members; ``ValueError`` on a key that is no suite, or (unless
+    ``partial``) a suite missing, so a per-suite table cannot drift from the suite list."""
+    unknown = [k for k in table if k not in SUITE_NAMES]
+    missing = [s for s in SUITE_NAMES if s not in table]
+    if unknown or (missing and not partial):
+        raise ValueError(f"{what}: keys must be the suites {list(SUITE_NAMES)}; unknown {unknown}, missing {missing}")
+    return {Suite(k): v for k, v in table.items()}
+
+
+SUITES: dict[Suite, Callable[[], tuple[Case, ...]]] = suite_table(
+    {"smoke": smoke, "ci": ci, "nightly": nightly, "ultra": ultra}, what="cases.catalogue.SUITES")
 
 
 def suite(name: str) -> tuple[Case, ...]:
     """Cases of suite ``name`` (``ValueError`` naming the known suites otherwise)."""
-    if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
-    return SUITES[name]()
+    return SUITES[parse_suite(name)]()
 
 
 def select(cases: Iterable[Case], *, patterns: Iterable[str] = (), formats: Iterable[str] = ()) -> tuple[Case, ...]:

@@ -1,37 +1,22 @@
 """Backward parity: the straight-through estimator, bit for bit.
 
 ``pass_through``: grad_in is grad_out.  ``clipped``: grad_out where ``|x| <= amax`` (inclusive) else
-``+0``.  Any bit difference fails (a ``-0`` for ``+0`` included).  Offenders carry the element's
+``+0``.  Any bit difference fails (a ``-0`` for ``+0`` included; NaN payloads per the policy of
+``harness.core.equality``).  Offenders carry the element's
 amax in ``pre_round``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import torch
-
 from moe_fq_parity import reference
 from moe_fq_parity.reference import split_expert_amax
 
-from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, ulp_distance
+from moe_fq_parity.harness.core.equality import bitwise
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
     summarize,
 )
-
-
-def _bitwise(expected: torch.Tensor, got: torch.Tensor) -> Comparison:
-    """``harness.core.ulp.compare`` re-classified bitwise: any bit difference is an ``error``."""
-    comp = compare(expected, got)
-    differ = torch.nonzero(~bits_equal(expected, got.to(expected.device)).reshape(-1)).reshape(-1)
-    ulp = torch.where(torch.isfinite(expected.reshape(-1)[differ]) & torch.isfinite(got.reshape(-1)[differ].to(expected.device)),
-                      ulp_distance(expected.reshape(-1)[differ], got.reshape(-1)[differ].to(expected.device)), 0)
-    counts = dict.fromkeys(CLASSES, 0)
-    counts["exact"], counts["error"] = comp.numel - differ.numel(), int(differ.numel())
-    return replace(comp, counts=counts, mismatch_index=differ.cpu(), mismatch_ulp=ulp.cpu(),
-                   mismatch_class=torch.full((differ.numel(),), CLASSES.index("error"), dtype=torch.int8))
 
 
 def check_backward(ctx: CheckContext, mode: str):
@@ -57,9 +42,9 @@ def check_backward(ctx: CheckContext, mode: str):
     comps, offenders = [], []
     for e, (w, a, g, got) in enumerate(zip(inputs.weights, per, inputs.grads, call.value)):
         want = reference.ste_backward(w, a, g, mode)
-        comp = _bitwise(want, got)
+        comp = bitwise(want, got, ctx.nan_bits)
         comps.append(comp)
-        if comp.counts["error"] and len(offenders) < MAX_OFFENDERS:
+        if comp.numel != comp.counts["exact"] and len(offenders) < MAX_OFFENDERS:
             amax_full = a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
             offenders += expert_offenders(e, comp, w, want, got, amax_full, MAX_OFFENDERS - len(offenders))
         del want

@@ -13,10 +13,9 @@ from moe_fq_parity.harness.core.guard import Call, guarded, output_problems
 from moe_fq_parity.harness.core.memory import CheckOutOfMemory, forget, is_oom
 from moe_fq_parity.harness.core.records import CheckRecord, ExpertStats, Offender
 from moe_fq_parity.harness.core.repro import repro_command
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, MAX_OFFENDERS, offender  # noqa: F401 - MAX_OFFENDERS re-exported to the checks
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.ulp import CLASSES, HIST_EDGES, Comparison
-
-MAX_OFFENDERS = 10
-"""How many offenders a record keeps (the first, in expert/row/col order)."""
 
 
 @dataclass(frozen=True)
@@ -27,12 +26,14 @@ class CheckContext:
     inputs: CaseInputs
     seed: int
     mode: str = "strict"
-    timeout_s: Optional[float] = 120.0
+    timeout_s: Optional[float] = CALL_TIMEOUT_S
     copy_gbps: Optional[float] = None
     extra: dict = field(default_factory=dict)
     mem_base: Optional[int] = None
     """CUDA bytes allocated before the case's tensors were built (the zero of ``peak_bytes``);
     ``None``: measure from the start of each check."""
+    nan_bits: str = DEFAULT_NAN_BITS
+    """NaN policy of every comparison (``harness.core.equality``): ``any`` or ``strict``."""
 
     @property
     def case(self):
@@ -60,7 +61,8 @@ def record(ctx: CheckContext, check: str, verdict: str, message: str = "", **fie
     return CheckRecord(
         case_id=case.id, backend=ctx.backend.spec, check=check, verdict=verdict, fmt=case.fmt, n=case.n,
         numel=case.numel, mode=ctx.mode, message=message,
-        repro=repro_command(case.id, ctx.backend.spec, check, ctx.seed, ctx.mode), case_bytes=ctx.inputs.nbytes, **fields,
+        repro=repro_command(case.id, ctx.backend.spec, check, ctx.seed, ctx.mode, timeout_s=ctx.timeout_s, nan_bits=ctx.nan_bits),
+        case_bytes=ctx.inputs.nbytes, **fields,
     )
 
 
@@ -99,10 +101,6 @@ def problems_of(call: Call, like: Sequence[torch.Tensor]) -> Optional[str]:
     return "; ".join(bad) if bad else None
 
 
-def _scalar(t: torch.Tensor, i: int) -> float:
-    return float(t.reshape(-1)[i].float())
-
-
 def expert_offenders(
     e: int, comp: Comparison, x: torch.Tensor, expected: torch.Tensor, got: torch.Tensor, pre: Optional[torch.Tensor], limit: int,
 ) -> list[Offender]:
@@ -111,16 +109,12 @@ def expert_offenders(
     The checks compare expert by expert and call this while the expert's tensors are at hand, so
     nothing expert-sized is kept for the offender table (``MAX_OFFENDERS`` over all experts).
     """
-    cols = x.shape[-1] if x.dim() else 1
-    out = []
-    for j in range(min(comp.mismatch_index.numel(), max(0, limit))):
-        i = int(comp.mismatch_index[j])
-        out.append(Offender(
-            expert=e, row=i // cols, col=i % cols, input=_scalar(x, i), expected=_scalar(expected, i),
-            got=_scalar(got, i), pre_round=_scalar(pre, i) if pre is not None else None,
-            ulp=int(comp.mismatch_ulp[j]), cls=CLASSES[int(comp.mismatch_class[j])],
-        ))
-    return out
+    got = got.detach().to(expected.device)
+    return [
+        offender(e, int(comp.mismatch_index[j]), expected, got, CLASSES[int(comp.mismatch_class[j])], inputs=x, pre_round=pre,
+                 ulp=int(comp.mismatch_ulp[j]))
+        for j in range(min(comp.mismatch_index.numel(), max(0, limit)))
+    ]
 
 
 def expert_amax_value(amax: torch.Tensor, e: int) -> float:
@@ -158,6 +152,8 @@ def mismatch_message(fields: dict[str, Any], numel: int) -> str:
     experts = [s.expert for s in fields["per_expert"] if s.counts["exact"] != s.numel]
     parts = [f"{k} {c[k]}" for k in CLASSES[1:] if c[k]]
     msg = f"{bad} of {numel} elements differ ({', '.join(parts)}; max {fields['max_ulp']} ULP) in experts {experts[:12]}{'...' if len(experts) > 12 else ''}"
+    if c.get("nan_bits"):
+        msg += f"; {c['nan_bits']} NaN with other bits than the reference's NaN (--nan-bits strict; by default NaN payload and sign are not compared)"
     if fields["nan_mismatch"]:
         msg += f"; {fields['nan_mismatch']} NaN disagreements (NaN where the reference has none, or the reverse)"
     if fields["inf_mismatch"]:

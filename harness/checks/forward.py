@@ -1,7 +1,7 @@
 """Forward parity: the backend's fake quant against the reference, per case and per expert.
 
 Verdicts (``harness.core.tolerances``): ``strict`` -- every element exact; ``1-ulp`` -- within one output
-ULP.  Tie flips (a one-step disagreement where the reference's pre-rounding value sits at a tie) are
+ULP.  What "exact" means for NaN and signed zero is the policy of ``harness.core.equality``.  Tie flips (a one-step disagreement where the reference's pre-rounding value sits at a tie) are
 counted apart and fail under both modes.  Where the spec rejects an input (NVFP4 NaN), the backend
 must reject it too.
 """
@@ -16,6 +16,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import FakeQuantResult, split_expert_amax
 
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
 from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
 
 from .common import (
@@ -59,20 +60,22 @@ def trace_expert(inputs, e: int) -> FakeQuantResult:
     return reference.fake_quant_traced(inputs.weights[e], amax, case.fmt, case.variant, **reference_options(case))
 
 
-def compare_expert(inputs, e: int, expected: torch.Tensor, got: torch.Tensor) -> tuple[Comparison, Optional[torch.Tensor]]:
+def compare_expert(inputs, e: int, expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS
+                   ) -> tuple[Comparison, Optional[torch.Tensor]]:
     """Classify expert ``e``'s elements; the pre-rounding values are traced only when it mismatches.
 
     Returns the comparison and the pre-rounding values (``None`` when the expert matched).  The
     traced output must equal ``expected`` bit for bit (it is the same reference call), else
-    ``RuntimeError``: the reference itself would be non-deterministic.
+    ``RuntimeError``: the reference itself would be non-deterministic.  ``nan_bits``: the NaN policy
+    (``harness.core.equality``).
     """
-    comp = compare(expected, got)
+    comp = compare(expected, got, nan_bits=nan_bits)
     if comp.counts["exact"] == comp.numel:
         return comp, None
     traced = trace_expert(inputs, e)
     if not bool(bits_equal(traced.out, expected).all()):
         raise RuntimeError(f"the reference gave different bits for expert {e} when traced: it must be deterministic")
-    return compare(expected, got, traced.pre_round, traced.grid_round), traced.pre_round
+    return compare(expected, got, traced.pre_round, traced.grid_round, nan_bits=nan_bits), traced.pre_round
 
 
 def check_forward(ctx: CheckContext, expected: Expected):
@@ -94,7 +97,7 @@ def check_forward(ctx: CheckContext, expected: Expected):
         return record(ctx, CHECK, "fail", problem, **timing)
     comps, offenders = [], []
     for e, (want, got) in enumerate(zip(expected.outputs, call.value)):
-        comp, pre = compare_expert(inputs, e, want, got)
+        comp, pre = compare_expert(inputs, e, want, got, ctx.nan_bits)
         comps.append(comp)
         offenders += expert_offenders(e, comp, inputs.weights[e], want, got, pre, MAX_OFFENDERS - len(offenders))
     fields = summarize(comps, inputs.amax)

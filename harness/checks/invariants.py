@@ -1,4 +1,4 @@
-"""Invariants of one backend, bit for bit (no reference involved).
+"""Invariants of one backend, bit for bit (``harness.core.equality``: NaN payloads per the run's policy).
 
 * ``invariant.layout``  -- N separate tensors, N views of one stacked ``[N, out, in]`` tensor, and the
   backend's optional ``fake_quant_stacked`` give identical bits.
@@ -17,13 +17,13 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import split_expert_amax
 
+from moe_fq_parity.harness.core.equality import bitwise, same_bits
 from moe_fq_parity.harness.core.ulp import CLASSES
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, not_run_reason, problems_of, record, reference_options,
     summarize,
 )
-from .backward import _bitwise
 
 
 GROUPED_SAMPLE = 4
@@ -40,26 +40,40 @@ def grouped_sample(n: int, empty: set[int]) -> list[int]:
 
 
 def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
-                  other: Sequence[torch.Tensor], what: str, experts: Sequence[int] | None = None):
-    """A failed record when ``base`` and ``other`` differ bitwise, else ``None``.
+                  other: Sequence[torch.Tensor], what: str, experts: Sequence[int] | None = None,
+                  explain: Callable[[int, torch.Tensor, torch.Tensor], int] | None = None, explained: str = ""):
+    """A failed record when ``base`` and ``other`` differ bitwise (``equality.bitwise``), else ``None``.
 
     ``base`` is a sequence or a function ``k -> tensor`` (computed when compared, one at a time);
     ``experts`` names the original expert index of each compared tensor (default ``0..len-1``).
+    ``explain(expert, mismatch_mask, got)`` counts the mismatching elements a suspected cause
+    accounts for; the message then states that count with ``explained`` (a diagnosis is only
+    made from that evidence).
     """
     idx = list(experts) if experts is not None else list(range(len(other)))
     comps, offenders = [], []
+    n_explained = 0
     for k, o in enumerate(other):
         b = base(k) if callable(base) else base[k]
-        comp = _bitwise(b, o)
+        comp = bitwise(b, o, ctx.nan_bits)
         comps.append(comp)
         offenders += expert_offenders(idx[k], comp, ctx.inputs.weights[idx[k]], b, o, None, MAX_OFFENDERS - len(offenders))
+        if explain is not None and comp.counts["error"]:
+            n_explained += explain(idx[k], ~same_bits(b, o, ctx.nan_bits) & ~(torch.isnan(b) & torch.isnan(o.to(b.device))), o)
         del b
     fields = summarize(comps, ctx.inputs.amax[idx])
-    bad = fields["counts"]["error"]
-    if not bad:
+    errors, nan_bits = fields["counts"]["error"], fields["counts"]["nan_bits"]
+    if not errors and not nan_bits:
         return None
     fields["per_expert"] = tuple(replace(e, expert=idx[e.expert]) for e in fields["per_expert"])
-    return record(ctx, check, "fail", f"{what}: {bad} elements differ bitwise", offenders=tuple(offenders), **fields)
+    parts = []
+    if errors:
+        parts.append(f"{errors} elements differ bitwise")
+        if explain is not None:
+            parts.append(f"{n_explained} of them {explained}")
+    if nan_bits:
+        parts.append(f"{nan_bits} NaN with other bits than the reference's NaN (--nan-bits strict)")
+    return record(ctx, check, "fail", f"{what}: " + "; ".join(parts), offenders=tuple(offenders), **fields)
 
 
 def _pass_fields(ctx: CheckContext) -> dict:
@@ -189,9 +203,17 @@ def check_recalibrate(ctx: CheckContext):
     second = call_backend(ctx, lambda: be.fake_quant(inputs.weights, new_amax, case.fmt, **opts))
     if (problem := problems_of(second, inputs.weights)) is not None:
         return record(ctx, check, "fail", f"call after recalibration: {problem}")
+    old_per = split_expert_amax(inputs.weights, inputs.amax)
+
+    def old_amax_explains(e: int, differ: torch.Tensor, got: torch.Tensor) -> int:
+        """Mismatching elements of expert ``e`` that equal the reference for the *old* amax."""
+        old = reference.fake_quant(inputs.weights[e], old_per[e], case.fmt, case.variant, **reference_options(case))
+        return int((differ & same_bits(old, got, ctx.nan_bits)).sum())
+
     try:
         failed = _compare_runs(ctx, check, reference_for, second.value,
-                               f"after amax x {RECALIBRATE_FACTOR} the backend disagrees with the reference for the new amax (stale amax?)")
+                               f"after amax x {RECALIBRATE_FACTOR} the backend disagrees with the reference for the new amax",
+                               explain=old_amax_explains, explained="equal the reference for the old amax (a stale amax when that is all of them)")
     except _SpecRejects as exc:
         return record(ctx, check, "skip", f"the spec rejects the recalibrated input ({exc})")
     if failed is not None:

@@ -19,17 +19,25 @@ the case, its bytes and the memory free)."""
 
 @dataclass(frozen=True)
 class Offender:
-    """One mismatching element: where, what went in, what was expected and got, and why."""
+    """One mismatching element: where, what went in, what was expected and got, and why.
+
+    ``expert``: index of the tensor in its list; ``row``/``col``: the element in that tensor seen as
+    ``[-1, last dim]``; ``input``: the fake-quant input (``None`` where the comparison has none);
+    ``cls``: a class of ``harness.core.ulp.CLASSES``; ``expected_bits``/``got_bits``: the bit
+    patterns in hex (NaN payloads differ there, not in the values).
+    """
 
     expert: int
     row: int
     col: int
-    input: float
+    input: Optional[float]
     expected: float
     got: float
     pre_round: Optional[float]
     ulp: Optional[int]
     cls: str
+    expected_bits: str = ""
+    got_bits: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class Perf:
 class CheckRecord:
     """The result of one check of one backend on one case.
 
-    ``counts`` uses the classes of ``harness.core.ulp`` (``exact``, ``ulp1``, ``tie_flip``, ``error``);
+    ``counts`` uses the classes of ``harness.core.ulp`` (``exact``, ``ulp1``, ``tie_flip``, ``nan_bits``, ``error``);
     ``offenders`` are the first mismatches in (expert, row, col) order; ``repro`` is a shell command
     that reruns exactly this case and check.  ``outcome`` is ``checked`` or ``oom`` (see ``OUTCOMES``).
     ``peak_bytes``: CUDA memory the check needed at its peak, counted from before the case's tensors

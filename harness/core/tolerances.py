@@ -16,3 +16,20 @@ moves ``x*s`` across a tie)."""
 
 SLOWDOWN_THRESHOLD = 0.10
 """``compare``: a case whose time grew by more than 10% against the baseline is a regression."""
+
+# --- Default timeouts (every default wall-clock limit of the harness, in one place) ---------------
+
+CALL_TIMEOUT_S = 300.0
+"""Per backend call (one ``fake_quant``/``ste_backward`` call on one case): ``run --timeout``, the pytest
+plugin's ``--parity-timeout``, ``RunConfig``, ``CheckContext`` and the self-test's unmutated controls.
+Generous: the largest nightly case through the Triton interpreter on a CPU stays below it."""
+
+MUTANT_TIMEOUT_S = 60.0
+"""Per call of a self-test mutant (a reference copy with one bug: as fast as the reference)."""
+
+DIST_RUN_TIMEOUT_S = 180.0
+"""One multi-process layout of the distributed section (spawn, save, load, report), wall clock."""
+
+DIST_PG_TIMEOUT_S = 45.0
+"""The process group's collective timeout inside a distributed layout run (a rank that waits longer
+for its peers fails instead of hanging)."""

@@ -13,7 +13,12 @@ Classes of an element (reference ``expected``, backend ``got``):
 * ``tie_flip``  -- more than 1 ULP apart *and* the reference's pre-rounding value lies within
   ``TIE_WINDOW_FP32_ULPS`` fp32 ulps of a rounding boundary of the format's grid: the signature
   of a different-but-legitimate fp32 op order (docs/measured.md §2), reported apart from real errors;
+* ``nan_bits``  -- both NaN with different bits; only under ``nan_bits="strict"`` (by default NaN
+  payload and sign are not part of the value and such a pair is ``exact``);
 * ``error``     -- everything else, including any NaN/inf disagreement.
+
+What counts as equal (NaN, signed zero, where bitwise identity is demanded) is the policy of
+``harness.core.equality``; this module applies it and adds the ULP classes.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .tolerances import MAX_ULP, TIE_WINDOW_FP32_ULPS
 
 from moe_fq_parity.reports.schema import HIST_EDGES
 
-CLASSES = ("exact", "ulp1", "tie_flip", "error")
+CLASSES = ("exact", "ulp1", "tie_flip", "nan_bits", "error")
 
 _INT_VIEW = {torch.bfloat16: (torch.int16, -(2**15)), torch.float16: (torch.int16, -(2**15)), torch.float32: (torch.int32, -(2**31))}
 
@@ -78,7 +83,7 @@ class Comparison:
         """Verdict under ``strict`` (bit-exact: all exact and no sign-of-zero difference) or
         ``1-ulp`` (exact or 1 ULP; tie flips and errors fail)."""
         limit = MAX_ULP[mode]
-        if self.counts["error"] or self.counts["tie_flip"]:
+        if self.counts["error"] or self.counts["tie_flip"] or self.counts["nan_bits"]:
             return False
         if limit == 0:
             return self.counts["ulp1"] == 0 and self.signed_zero == 0
@@ -90,12 +95,19 @@ def compare(
     got: torch.Tensor,
     pre_round: Optional[torch.Tensor] = None,
     grid_round: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    *,
+    nan_bits: str = "any",
 ) -> Comparison:
     """Classify every element of ``got`` against ``expected`` (same shape and dtype).
 
     ``pre_round``/``grid_round`` (from ``reference.fake_quant_traced``) enable tie-flip detection;
-    without them a >1 ULP mismatch is an ``error``.
+    without them a >1 ULP mismatch is an ``error``.  ``nan_bits`` (``harness.core.equality``):
+    ``"any"`` counts every NaN/NaN pair exact, ``"strict"`` counts a pair with different bits as
+    ``nan_bits``.
     """
+    from .equality import check_nan_bits, nan_bits_differ
+
+    check_nan_bits(nan_bits)
     e = expected.detach().reshape(-1)
     g = got.detach().reshape(-1).to(e.device)
     if e.dtype != g.dtype or e.numel() != g.numel():
@@ -106,9 +118,11 @@ def compare(
     nan_mismatch = e_nan ^ g_nan
     inf_mismatch = (e_inf | g_inf) & ~(e_nan | g_nan) & (e != g)
     dist = torch.where(finite, ulp_distance(e, g), torch.zeros((), dtype=torch.int64, device=e.device))
-    mismatch = (finite & (dist > 0)) | nan_mismatch | inf_mismatch
+    nan_payload = nan_bits_differ(e, g) if nan_bits == "strict" else torch.zeros_like(nan_mismatch)
+    mismatch = (finite & (dist > 0)) | nan_mismatch | inf_mismatch | nan_payload
     idx = torch.nonzero(mismatch).reshape(-1)
     cls = torch.full((idx.numel(),), CLASSES.index("error"), dtype=torch.int8, device=e.device)
+    cls = torch.where(nan_payload[idx], torch.tensor(CLASSES.index("nan_bits"), dtype=torch.int8, device=e.device), cls)
     d = dist[idx]
     fin = finite[idx]
     cls = torch.where(fin & (d == 1), torch.tensor(CLASSES.index("ulp1"), dtype=torch.int8, device=e.device), cls)
@@ -144,8 +158,11 @@ def compare(
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit-pattern equality (``+0 != -0``; NaN equal only to the same NaN bits)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
-    int_dtype, _ = _INT_VIEW[a.dtype]
-    return a.contiguous().view(int_dtype) == b.contiguous().view(int_dtype)
+    """Elementwise raw bit-pattern equality (``+0 != -0``; NaN equal only to the same NaN bits).
+
+    For deciding parity use ``harness.core.equality.same_bits`` (the policy); raw bits are for
+    determinism and identity questions (the reference against itself).
+    """
+    from .equality import raw_bits_equal
+
+    return raw_bits_equal(a, b)

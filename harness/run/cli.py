@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from moe_fq_parity.harness.core.tolerances import SLOWDOWN_THRESHOLD, VERDICT_MODES
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, NAN_BITS_MODES
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, SLOWDOWN_THRESHOLD, VERDICT_MODES
 
 
 def _csv(text: str) -> list[str]:
@@ -44,9 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable)")
     r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
     r.add_argument("--mode", default="strict", choices=VERDICT_MODES, help="forward verdict: strict (0 ULP) or 1-ulp (upstream)")
+    r.add_argument("--nan-bits", default=DEFAULT_NAN_BITS, choices=NAN_BITS_MODES,
+                   help="NaN payload and sign: 'any' (default) does not compare them; 'strict' demands the reference's NaN bits, "
+                        "counting other NaN bits as their own class (nan_bits)")
     r.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"global seed (default {DEFAULT_SEED}); case seed = seed + crc32(case id)")
     r.add_argument("--baseline", type=Path, default=None, help="earlier report.json to diff against (regressions fail the run)")
-    r.add_argument("--timeout", type=float, default=300.0, help="per backend call timeout in seconds (0: none)")
+    r.add_argument("--timeout", type=float, default=CALL_TIMEOUT_S, help=f"per backend call timeout in seconds (default {CALL_TIMEOUT_S:g}; 0: none)")
     perf = r.add_mutually_exclusive_group()
     perf.add_argument("--perf", dest="perf", action="store_true", default=None, help="record timings (default: on with CUDA)")
     perf.add_argument("--no-perf", dest="perf", action="store_false")
@@ -153,6 +157,7 @@ def _cmd_run(args) -> int:
         sections=() if args.no_sections else (tuple(args.sections) if args.sections is not None else None),
         baseline=baseline, baseline_path=str(args.baseline or ""), progress=not args.no_progress,
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
+        nan_bits=args.nan_bits,
     )
     try:
         return run(cfg)

@@ -46,7 +46,8 @@ from . import hypothesis_profiles
 from moe_fq_parity.harness.core.triton_env import prepare
 
 prepare()
-from moe_fq_parity.harness.core.tolerances import VERDICT_MODES
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, NAN_BITS_MODES
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, VERDICT_MODES
 
 ENV_PREFIX = "PARITY_"
 MARKERS = {
@@ -69,6 +70,7 @@ class ParitySettings:
     mode: str
     timeout_s: Optional[float]
     hypothesis_profile: str
+    nan_bits: str = DEFAULT_NAN_BITS
 
 
 SETTINGS = pytest.StashKey[ParitySettings]()
@@ -83,11 +85,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--parity-suite", default=None, help="collect exactly this suite (env PARITY_SUITE); default: ci plus slow-marked larger cases")
     g.addoption("--parity-backend", action="append", default=None, help="backend spec (repeatable; env PARITY_BACKENDS comma-separated; default: all built-ins)")
     g.addoption("--parity-mode", choices=VERDICT_MODES, default=None, help="forward verdict mode (env PARITY_MODE; default strict)")
-    g.addoption("--parity-timeout", type=float, default=None, help="per backend call timeout, s (env PARITY_TIMEOUT; default 300)")
+    g.addoption("--parity-timeout", type=float, default=None, help=f"per backend call timeout, s (env PARITY_TIMEOUT; default {CALL_TIMEOUT_S:g}; 0: none)")
+    g.addoption("--parity-nan-bits", choices=NAN_BITS_MODES, default=None,
+                help="NaN payload/sign policy (env PARITY_NAN_BITS; default any: not compared; strict: counted as class nan_bits)")
 
 
 def _resolve(config: pytest.Config) -> ParitySettings:
-    from moe_fq_parity.cases import DEFAULT_SEED, SUITES
+    from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES
 
     def pick(opt: str, env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
         value = config.getoption(opt)
@@ -98,8 +102,17 @@ def _resolve(config: pytest.Config) -> ParitySettings:
         return default
 
     suite = pick("parity_suite", "SUITE", None)
-    if suite is not None and suite not in SUITES:
-        raise pytest.UsageError(f"--parity-suite {suite!r}: known suites are {sorted(SUITES)}")
+    if suite is not None and suite not in SUITE_NAMES:
+        raise pytest.UsageError(f"--parity-suite {suite!r}: known suites are {list(SUITE_NAMES)}")
+    try:
+        timeout = float(pick("parity_timeout", "TIMEOUT", CALL_TIMEOUT_S, float))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--parity-timeout / PARITY_TIMEOUT: expected seconds as a number, {exc}") from None
+    if not timeout >= 0:
+        raise pytest.UsageError(f"--parity-timeout / PARITY_TIMEOUT: expected seconds >= 0 (0: none), got {timeout:g}")
+    nan_bits = pick("parity_nan_bits", "NAN_BITS", DEFAULT_NAN_BITS)
+    if nan_bits not in NAN_BITS_MODES:
+        raise pytest.UsageError(f"--parity-nan-bits / PARITY_NAN_BITS: expected one of {list(NAN_BITS_MODES)}, got {nan_bits!r}")
     backends = pick("parity_backend", "BACKENDS", None, lambda s: [b for b in s.split(",") if b])
     from moe_fq_parity.harness.backends import BUILTINS
 
@@ -111,8 +124,9 @@ def _resolve(config: pytest.Config) -> ParitySettings:
         suite=suite,
         backends=tuple(backends) if backends else tuple(BUILTINS),
         mode=pick("parity_mode", "MODE", "strict"),
-        timeout_s=float(pick("parity_timeout", "TIMEOUT", 300.0, float)) or None,
+        timeout_s=timeout or None,
         hypothesis_profile=profile,
+        nan_bits=nan_bits,
     )
 
 
@@ -343,7 +357,7 @@ def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_rec
             parity_record(rec)
             return rec
         ctx = CheckContext(parity_loaded_backend, tensors.inputs, parity_settings.seed, parity_settings.mode, parity_settings.timeout_s,
-                           mem_base=tensors.mem_base)
+                           mem_base=tensors.mem_base, nan_bits=parity_settings.nan_bits)
         recs = [r for r in run_case_checks(ctx, [name], tensors.expected) if r.check == name]
         for r in recs:
             parity_record(r)
@@ -389,7 +403,7 @@ def _new_writer(config: pytest.Config, settings: ParitySettings):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = run_meta(device) | {
-        "copy_gbps": None, "suite": settings.suite or "ci", "formats": [], "checks": [], "seed": settings.seed, "mode": settings.mode,
+        "copy_gbps": None, "suite": settings.suite or "ci", "formats": [], "checks": [], "seed": settings.seed, "mode": settings.mode, "nan_bits": settings.nan_bits,
         "backends": [], "started": now_iso(), "finished": None, "source": "pytest", "argv": list(config.invocation_params.args),
         "cases_planned": None, "timeout_s": settings.timeout_s, "hypothesis_profile": settings.hypothesis_profile,
     }

@@ -21,6 +21,8 @@ from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness import sections as report_sections
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -37,7 +39,7 @@ class RunConfig:
     out_dir: Path
     seed: int
     mode: str = "strict"
-    timeout_s: Optional[float] = 300.0
+    timeout_s: Optional[float] = CALL_TIMEOUT_S
     perf: bool = False
     sections: Optional[tuple[str, ...]] = None
     baseline: Optional[dict] = None
@@ -48,6 +50,8 @@ class RunConfig:
     shard: Optional[Shard] = None
     """With a shard, ``cases`` are this shard's cases and ``selection`` every selected case."""
     selection: tuple[Case, ...] = ()
+    nan_bits: str = DEFAULT_NAN_BITS
+    """NaN policy of every comparison (``harness.core.equality``)."""
 
     def chosen_sections(self) -> tuple[str, ...]:
         """The report sections of the whole run (all shards together)."""
@@ -99,7 +103,7 @@ def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBac
                                 "building the case inputs and reference outputs", oom_detail) for b in group]
     recs: list[CheckRecord] = []
     for b in group:
-        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps, mem_base=base)
+        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps, mem_base=base, nan_bits=cfg.nan_bits)
         recs += run_case_checks(ctx, checks, expected)
     return recs
 
@@ -134,7 +138,7 @@ def run(cfg: RunConfig) -> int:
         copy_gbps = copy_bandwidth_gbps(device)
     meta = run_meta(device) | {
         "copy_gbps": copy_gbps, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}), "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
-        "backends": [b.to_json() for b in cfg.backends], "seed": cfg.seed, "mode": cfg.mode, "started": now_iso(),
+        "backends": [b.to_json() for b in cfg.backends], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits, "started": now_iso(),
         "finished": None, "source": "cli", "argv": list(cfg.argv), "cases_planned": len(cfg.cases), "timeout_s": cfg.timeout_s,
     }
     if cfg.shard is not None:

@@ -18,17 +18,36 @@ VERDICTS = ("pass", "fail", "skip")
 
 @dataclass(frozen=True)
 class SectionRow:
-    """One checked item: a stable id, its verdict, the values shown, how to rerun it."""
+    """One checked item of any section (the one row type of MoE, dist, self-test and external rows):
+    a stable id, its verdict, the values shown, how to rerun it, why it failed, and the comparisons
+    behind it (``diffs``: dataclasses such as the dist section's ``TensorDiff``; kept in process and in
+    a section's own JSON, not in the report's rows)."""
 
     id: str
     verdict: str
     fields: dict[str, Any] = field(default_factory=dict)
     repro: str = ""
     message: str = ""
+    diffs: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+    def to_json(self, *, diffs: bool = True) -> dict[str, Any]:
+        d = {"id": self.id, "verdict": self.verdict, "fields": self.fields, "repro": self.repro, "message": self.message}
+        if diffs:
+            d["diffs"] = [asdict(x) if hasattr(x, "__dataclass_fields__") else x for x in self.diffs]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "SectionRow":
+        """The row of ``to_json`` (``diffs`` come back as dicts)."""
+        return cls(d["id"], d["verdict"], dict(d.get("fields", {})), d.get("repro", ""), d.get("message", ""), tuple(d.get("diffs", ())))
 
 
 @dataclass(frozen=True)
@@ -50,9 +69,8 @@ class Section:
         return "pass"
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["verdict"] = self.verdict
-        return d
+        return {"name": self.name, "title": self.title, "columns": list(self.columns), "rows": [r.to_json(diffs=False) for r in self.rows],
+                "notes": self.notes, "verdict": self.verdict}
 
 
 SECTION_RUNNERS: dict[str, str] = {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_fq_parity.harness.sections.dist.checks import Verdict
+from moe_fq_parity.harness.sections import SectionRow
 from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
 from moe_fq_parity.harness.sections.dist.matrix import DistPlan, run_plan
 
@@ -33,10 +33,10 @@ class DistRun:
     """Verdicts of the matrix and outcomes of the launcher probes."""
 
     seed: int
-    verdicts: tuple[Verdict, ...]
+    verdicts: tuple[SectionRow, ...]
     probes: dict
 
-    def rows(self, prefix: str) -> list[Verdict]:
+    def rows(self, prefix: str) -> list[SectionRow]:
         return [v for v in self.verdicts if v.id.startswith(prefix)]
 
     def to_json(self) -> dict:
@@ -44,7 +44,7 @@ class DistRun:
 
     @classmethod
     def from_json(cls, d: dict) -> "DistRun":
-        return cls(d["seed"], tuple(Verdict.from_json(v) for v in d["verdicts"]), d["probes"])
+        return cls(d["seed"], tuple(SectionRow.from_json(v) for v in d["verdicts"]), d["probes"])
 
 
 def _compute(seed: int, workdir: Path) -> DistRun:

@@ -7,14 +7,15 @@ import torch
 
 from moe_fq_parity import reference
 from moe_fq_parity.harness.sections.moe.compare import POWER_OF_TWO_BLIND, count_distinct, visible_amax
-from moe_fq_parity.harness.sections.moe.data import ExpertShape, case_seed, make_expert_data
+from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
 from moe_fq_parity.harness.sections.moe.layers import split_tokens
 
 
 @pytest.mark.parametrize("n", [3, 4, 8, 16, 32, 128])
 def test_expert_amax_have_distinct_mantissas(n):
     shape = ExpertShape(n, 4, 16, 4 * n)
-    data = make_expert_data(shape, seed=case_seed(0, f"data/{n}"))
+    data = make_expert_data(shape, seed=seed_for_id(f"data/{n}", 0))
     w_amax = [reference.max_calibrate(w) for w in data.weights]
     assert count_distinct(w_amax, "fp8_e4m3") == n
     x, splits = data.calib[0]
@@ -40,6 +41,6 @@ def test_data_is_deterministic_and_seed_sensitive():
     a, b, c = (make_expert_data(shape, s) for s in (5, 5, 6))
     assert all(torch.equal(x, y) for x, y in zip(a.weights, b.weights))
     assert not torch.equal(a.weights[0], c.weights[0])
-    assert case_seed(3, "x") == case_seed(0, "x") + 3 and case_seed(0, "x") != case_seed(0, "y")
+    assert seed_for_id("x", 3) == seed_for_id("x", 0) + 3 and seed_for_id("x", 0) != seed_for_id("y", 0)
     with pytest.raises(ValueError, match="num_experts"):
         ExpertShape(2, 8, 8, 8)

@@ -17,7 +17,7 @@ Modules, bottom up:
 * ``engines``    -- DCP (DTensor) and optional Megatron-Core engines; ``load_checked``;
 * ``jobs``       -- what ranks run: one save job per save layout, one load job per load layout;
 * ``oracle``     -- the TP=1/EP=1 truth and what a correct checkpoint holds;
-* ``checks``     -- bitwise diffs, assembly of pieces, the ``Verdict`` record;
+* ``checks``     -- bitwise diffs, assembly of pieces, the ``Verdict`` row constructor (a ``SectionRow``);
 * ``judge``      -- rank reports -> verdicts (round trip, invariance, bad input);
 * ``bad_inputs`` -- checkpoints that must be refused;
 * ``matrix``     -- ``DistPlan`` and ``run_plan``: the stages end to end;

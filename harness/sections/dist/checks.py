@@ -1,28 +1,27 @@
 """Comparisons the parent process runs on what the ranks report: bitwise, with every offender counted.
 
-* ``diff_bits`` -- one expected/got pair, bit patterns compared (``harness.core.ulp.bits_equal``:
-  ``+0 != -0``, NaN only equal to the same NaN), first offenders listed with their index;
+* ``diff_bits`` -- one expected/got pair through ``harness.core.equality.bit_diff`` (the one bitwise
+  comparison: ``+0 != -0``, NaN payload and sign not compared), first offenders listed with their index;
 * ``assemble`` -- pieces with global offsets -> one tensor, reporting pieces that overlap with
   different bits (replicas that disagree: what an unsynced amax looks like) and elements no
   piece covers;
 * ``canonical_pieces`` -- where a rank's ``[n_local, ...]`` tensor of one field sits in the
   canonical ``[E, ...]`` tensor (Megatron's expert rule and the field's TP axis);
-* ``Verdict`` -- the frozen record a check returns: id, pass/fail/skip, shown fields, message,
-  and the ``TensorDiff`` of every tensor it compared.
+* ``Verdict`` -- builds the row a check returns (a ``harness.sections.SectionRow``, the one row type):
+  id, pass/fail/skip, shown fields, message, and the ``TensorDiff`` of every tensor it compared.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import torch
 
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.equality import bit_diff, same_bits
+from moe_fq_parity.harness.sections import SectionRow
 
 from .layout import Coords, Layout
-
-MAX_OFFENDERS = 4
 
 
 @dataclass(frozen=True)
@@ -55,13 +54,12 @@ def diff_bits(name: str, expected: torch.Tensor, got: torch.Tensor, note: str = 
     if expected.dtype != got.dtype or tuple(expected.shape) != tuple(got.shape):
         why = f"expected {expected.dtype}{tuple(expected.shape)}, got {got.dtype}{tuple(got.shape)}"
         return TensorDiff(name, expected.numel(), expected.numel(), (), "; ".join(x for x in (note, why) if x))
-    eq = bits_equal(expected.detach().cpu(), got.detach().cpu())
-    bad = torch.nonzero(~eq)
-    first = tuple(
-        f"{tuple(int(i) for i in idx)}: expected {float(expected[tuple(idx)]):.9g} got {float(got[tuple(idx)]):.9g}"
-        for idx in bad[:MAX_OFFENDERS].tolist()
-    )
-    return TensorDiff(name, expected.numel(), int(bad.shape[0]), first, note)
+    e, g = expected.detach().cpu(), got.detach().cpu()
+    if e.dim() >= 2:  # [E, ...]: offenders name the expert
+        d = bit_diff(list(e.unbind(0)), list(g.unbind(0)), label="expert")
+    else:
+        d = bit_diff([e], [g], label="tensor")
+    return TensorDiff(name, expected.numel(), d.mismatches, d.offender_lines(), note)
 
 
 def missing(name: str, why: str) -> TensorDiff:
@@ -92,7 +90,7 @@ def assemble(
         region = _region(offsets, local.shape)
         seen = covered[region]
         if bool(seen.any()):
-            differs = seen & ~bits_equal(full[region].contiguous(), local.to(dtype).contiguous())
+            differs = seen & ~same_bits(full[region].contiguous(), local.to(dtype).contiguous())
             if bool(differs.any()):
                 problems.append(f"replicas at offset {tuple(offsets)} disagree on {int(differs.sum())} element(s)")
         full[region] = local.to(dtype)
@@ -118,36 +116,13 @@ def canonical_pieces(
     return tuple(shape), tuple(offsets)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The result of one check (see the module docstring)."""
-
-    id: str
-    verdict: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    message: str = ""
-    diffs: tuple[TensorDiff, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict == "fail"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "verdict": self.verdict,
-            "fields": self.fields,
-            "message": self.message,
-            "diffs": [d.__dict__ for d in self.diffs],
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Verdict":
-        diffs = tuple(TensorDiff(x["name"], x["numel"], x["mismatches"], tuple(x["first"]), x["note"]) for x in d["diffs"])
-        return cls(d["id"], d["verdict"], d["fields"], d["message"], diffs)
+def Verdict(id: str, verdict: str, fields: Optional[dict[str, Any]] = None, message: str = "",  # noqa: N802 - row constructor
+            diffs: tuple[TensorDiff, ...] = ()) -> SectionRow:
+    """The ``SectionRow`` of one dist check (``repro`` is added when the section is assembled)."""
+    return SectionRow(id, verdict, dict(fields or {}), "", message, tuple(diffs))
 
 
-def verdict_from_diffs(check_id: str, fields: dict[str, Any], diffs: list[TensorDiff], problems: list[str] = ()) -> Verdict:
+def verdict_from_diffs(check_id: str, fields: dict[str, Any], diffs: list[TensorDiff], problems: list[str] = ()) -> SectionRow:
     """``pass`` when every diff is clean and there are no problems; the message lists what failed."""
     bad = [d.describe() for d in diffs if not d.ok] + list(problems)
     n_bad = sum(d.mismatches for d in diffs)
@@ -157,7 +132,7 @@ def verdict_from_diffs(check_id: str, fields: dict[str, Any], diffs: list[Tensor
     return Verdict(check_id, "pass", fields, "", tuple(diffs))
 
 
-def negative_control(check_id: str, inner: Verdict, what: str) -> Verdict:
+def negative_control(check_id: str, inner: SectionRow, what: str) -> SectionRow:
     """A deliberately broken run: ``pass`` when the inner check *failed* (the bug was caught)."""
     fields = {**inner.fields, "inner": inner.verdict}
     if inner.verdict == "fail":

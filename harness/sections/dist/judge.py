@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 import torch
 
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.equality import same_bits
+from moe_fq_parity.harness.sections import SectionRow
 
 from .checks import TensorDiff, Verdict, assemble, canonical_pieces, diff_bits, missing, verdict_from_diffs
 from .layout import Coords, Layout
@@ -54,7 +55,7 @@ def canonical_diffs(
 
 def invariance_verdict(
     check_id: str, fields: dict[str, Any], ranks: list[dict], qf_id: str, which: str, layout: Layout, truth: Truth
-) -> Verdict:
+) -> SectionRow:
     """``ranks[r]["calib"][qf_id][which]`` assembled vs ``truth.params[qf_id]``."""
     qf = quant_format(qf_id)
     reports = [(Coords(*r["coords"]), r["calib"][qf_id][which]) for r in ranks]
@@ -66,13 +67,13 @@ def changed_experts(expected: torch.Tensor, got: torch.Tensor) -> list[int]:
     """Indices along dim 0 (experts) where any element's bits differ (or the shapes differ: all)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:
         return list(range(expected.shape[0]))
-    bad = ~bits_equal(expected.contiguous(), got.contiguous())
+    bad = ~same_bits(expected.contiguous(), got.contiguous())
     return [int(i) for i in torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1)).flatten()]
 
 
 def granularity_verdict(
     check_id: str, fields: dict[str, Any], ranks: list[dict], qf_id: str, which: str, layout: Layout, truth: Truth
-) -> Verdict:
+) -> SectionRow:
     """Every expert's *scales* (the format's buffers) after ``which`` sync equal its own truth.
 
     Fails as a **per-expert granularity violation** naming, per buffer, the experts whose scales
@@ -173,7 +174,7 @@ def roundtrip_verdict(
     return verdict_from_diffs(check_id, fields, diffs, problems)
 
 
-def bad_input_verdict(check_id: str, fields: dict[str, Any], results: list[dict], error: str, must_mention: tuple[str, ...]) -> Verdict:
+def bad_input_verdict(check_id: str, fields: dict[str, Any], results: list[dict], error: str, must_mention: tuple[str, ...]) -> SectionRow:
     """Every rank failed with ``error`` (a class name) and a message containing ``must_mention``."""
     problems = []
     for r, res in enumerate(results):

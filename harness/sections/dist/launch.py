@@ -36,12 +36,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from moe_fq_parity.harness.core.tolerances import DIST_PG_TIMEOUT_S, DIST_RUN_TIMEOUT_S
+
 from .layout import MESH_DIMS, Coords, Layout
 
 PRELOAD: list[str] = ["torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor", "moe_fq_parity.harness.sections.dist.jobs"]
-DEFAULT_TIMEOUT_S = 180.0
-"""Wall-clock limit of one ``run_ranks`` call (start, work, exit)."""
-DEFAULT_PG_TIMEOUT_S = 45.0
+DEFAULT_TIMEOUT_S = DIST_RUN_TIMEOUT_S
+"""Wall-clock limit of one ``run_ranks`` call (start, work, exit); ``harness.core.tolerances``."""
+DEFAULT_PG_TIMEOUT_S = DIST_PG_TIMEOUT_S
 """Process-group timeout: a collective that some rank never reaches fails after this long."""
 
 Job = Callable[["RankContext", Any], dict]

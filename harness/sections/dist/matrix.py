@@ -31,6 +31,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from moe_fq_parity.harness.sections import SectionRow
+
 from .bad_inputs import BadCase, flip_payload_bit, make_bad_cases
 from .checks import Verdict, negative_control, verdict_from_diffs
 from .engines import ENGINES
@@ -137,7 +139,7 @@ def _save_tasks(plan: DistPlan, lay: Layout, workdir: str) -> tuple[list[CkptTas
     return good, neg
 
 
-def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: list[Verdict]) -> list[_Saved]:
+def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: list[SectionRow]) -> list[_Saved]:
     good, neg = _save_tasks(plan, lay, workdir)
     payload = SavePayload(plan.seed, plan.cfg, plan.engine, plan.qf_ids, tuple(good + neg))
     try:
@@ -167,7 +169,7 @@ def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: li
     return [_Saved(t, lay) for t in good + neg]
 
 
-def _stage_content(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> None:
+def _stage_content(saved: list[_Saved], truth: Truth, out: list[SectionRow]) -> None:
     for s in saved:
         fields = {"save": s.layout.id, "qlayout": s.task.qlayout, "format": s.task.qf_id, "index": s.task.index_mode}
         try:
@@ -318,20 +320,20 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def run_plan(plan: DistPlan, workdir: str) -> list[Verdict]:
+def run_plan(plan: DistPlan, workdir: str) -> list[SectionRow]:
     """Run every stage of ``plan`` under ``workdir`` (checkpoints, rank results); see module doc."""
     with one_thread():
         return _run_plan(plan, workdir)
 
 
-def _run_plan(plan: DistPlan, workdir: str) -> list[Verdict]:
+def _run_plan(plan: DistPlan, workdir: str) -> list[SectionRow]:
     plan.validate()
     os.makedirs(workdir, exist_ok=True)
     available, why = ENGINES[plan.engine].available(plan.device)
     if not available:
         return [Verdict(f"engine/{plan.engine}", "skip", {"engine": plan.engine}, why)]
     truth = build_truth(plan.cfg, plan.seed, plan.qf_ids)
-    out: list[Verdict] = []
+    out: list[SectionRow] = []
     saved: list[_Saved] = []
     for lay in plan.save_layouts:
         saved += _stage_save(plan, lay, truth, workdir, out)

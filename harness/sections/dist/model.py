@@ -16,11 +16,11 @@ expert or row is visible); every third expert has an all-zero fc1 row and an all
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
+from moe_fq_parity.cases.inputs import seed_for_id
 from moe_fq_parity.reference.constants import NVFP4_BLOCK
 
 from .layout import Coords, Layout, tp_chunk
@@ -31,8 +31,8 @@ TP_DIM: dict[str, int] = {"fc1": 0, "fc2": 1}
 
 
 def derived_seed(seed: int, name: str) -> int:
-    """``(seed + crc32(name)) mod 2**63``."""
-    return (int(seed) + zlib.crc32(name.encode())) % (2**63)
+    """``cases.inputs.seed_for_id(name, seed)``: the project's one seed rule, ``(seed + crc32(name)) mod 2**63``."""
+    return seed_for_id(name, seed)
 
 
 @dataclass(frozen=True)

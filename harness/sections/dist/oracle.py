@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import Verdict, assemble, canonical_pieces, diff_bits, missing, verdict_from_diffs
+from moe_fq_parity.harness.sections import SectionRow
+
+from .checks import assemble, canonical_pieces, diff_bits, missing, verdict_from_diffs
 from .layout import Coords, Layout
 from .model import FCS, MoEConfig, full_weights
 from .quant import calibrate, quant_format, quant_params
@@ -96,7 +98,7 @@ def oracle_state(full: dict[str, torch.Tensor], cfg: MoEConfig, qlayout: str, qf
     return out
 
 
-def content_verdict(check_id: str, fields: dict, oracle: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> Verdict:
+def content_verdict(check_id: str, fields: dict, oracle: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> SectionRow:
     """Checkpoint content, loaded whole by one process, against the keys and bits it must hold."""
     diffs = [
         diff_bits(f"ckpt:{k}", v, oracle[k]) if k in oracle else missing(f"ckpt:{k}", f"missing from the checkpoint (expected {tuple(v.shape)})")

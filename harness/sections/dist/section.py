@@ -19,6 +19,7 @@ from typing import Union
 
 import torch
 
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
 from moe_fq_parity.harness.sections import Section, SectionRow
 
 from .checks import Verdict
@@ -26,15 +27,14 @@ from .engines import ENGINES
 from .layout import matrix_layouts
 from .matrix import DistPlan, run_plan
 
-SUITE_MAX_WORLD: dict[str, int] = {"smoke": 2, "ci": 8, "nightly": 8, "ultra": 8}
+SUITE_MAX_WORLD = suite_table({"smoke": 2, "ci": 8, "nightly": 8, "ultra": 8}, what="dist SUITE_MAX_WORLD")
 COLUMNS = ["save", "load", "qlayout", "format", "engine", "tensors", "mismatches"]
 TITLE = "Distributed checkpoints: per-expert quantizer state across TP/EP layouts"
 
 
 def plan_for(suite: str, seed: int, device: str) -> Union[DistPlan, str]:
     """The DCP plan of a suite on a device, or the reason it cannot run here."""
-    if suite not in SUITE_MAX_WORLD:
-        raise ValueError(f"unknown suite {suite!r}; known: {sorted(SUITE_MAX_WORLD)}")
+    suite = parse_suite(suite)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     max_world = SUITE_MAX_WORLD[suite]
@@ -47,7 +47,7 @@ def plan_for(suite: str, seed: int, device: str) -> Union[DistPlan, str]:
     return DistPlan(seed, layouts, layouts, device=device)
 
 
-def repro(v: Verdict, seed: int, device: str) -> str:
+def repro(v: SectionRow, seed: int, device: str) -> str:
     """A command that reruns the save and load layouts a row involves."""
     f = v.fields
     save = f.get("save") or ("tp1ep1" if "load" in f else "")
@@ -58,7 +58,7 @@ def repro(v: Verdict, seed: int, device: str) -> str:
     return shlex.join(args)
 
 
-def to_section(verdicts: list[Verdict], seed: int, device: str, notes: str = "") -> Section:
+def to_section(verdicts: list[SectionRow], seed: int, device: str, notes: str = "") -> Section:
     """Rows in run order; shown fields restricted to ``COLUMNS``."""
     rows = [
         SectionRow(v.id, v.verdict, {k: v.fields[k] for k in COLUMNS if k in v.fields}, repro(v, seed, device), v.message)
@@ -78,7 +78,7 @@ def run(suite: str, seed: int, device: str) -> Section:
         plan = plan_for(suite, seed, device)
     if isinstance(plan, str):
         return to_section([Verdict("dist", "skip", {}, plan)], seed, device)
-    verdicts: list[Verdict] = []
+    verdicts: list[SectionRow] = []
     with tempfile.TemporaryDirectory(prefix="parity-dist-") as workdir:
         for engine in ENGINES:
             # The negative controls prove the checks catch the bugs; that needs one engine only.

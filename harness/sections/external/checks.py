@@ -1,6 +1,7 @@
 """Backward and calibration checks of an external backend against the reference, as section rows.
 
 * STE: ``backend.ste_backward`` vs ``reference.ste_backward_experts`` for both modes, bit for bit
+  (``harness.core.equality.bit_diff``)
   (pass-through must return the output gradient unchanged; clipped zeroes where ``|x| > amax``,
   inclusive at ``|x| == amax``, NaN ``x`` -> +0).  Inputs hold the special values that decide it.
 * STE clip rule (a fingerprint): the clipped backward on bf16 and fp16 experts whose per-expert
@@ -20,7 +21,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import backend_device
 from moe_fq_parity.harness.sections import SectionRow
-from moe_fq_parity.harness.core.ulp import bits_equal, compare
+from moe_fq_parity.harness.core.equality import bit_diff, same_bits
 
 from .probes import generator
 
@@ -68,15 +69,11 @@ def ste_rows(backend: object, fmt: str, seed: int, prefix: str) -> list[SectionR
                 rows.append(SectionRow(rid, "fail", {"check": "ste", "format": fmt}, message=f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             want = reference.ste_backward_experts(ws, amax, grads, mode)
-            e = torch.cat([t.reshape(-1) for t in want])
-            g = torch.cat([t.detach().reshape(-1).cpu() for t in got])
-            comp = compare(e, g)
-            bit_diff = int((~bits_equal(e, g)).sum())
-            ok = bit_diff == 0
+            diff = bit_diff(want, [t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in got], label="expert")
             rows.append(SectionRow(
-                rid, "pass" if ok else "fail",
-                {"check": "ste", "format": fmt, "elements": e.numel(), "mismatches": e.numel() - comp.counts["exact"], "bit_mismatches": bit_diff},
-                message="" if ok else f"first differing flat indices {comp.mismatch_index[:8].tolist()}",
+                rid, "pass" if diff.equal else "fail",
+                {"check": "ste", "format": fmt, "elements": diff.numel, "mismatches": diff.mismatches},
+                message="" if diff.equal else diff.summary()[:500],
             ))
     return rows
 
@@ -100,7 +97,7 @@ def calibration_rows(backend: object, seed: int, prefix: str) -> list[SectionRow
         except Exception as exc:  # noqa: BLE001 - the row fails and says why
             rows.append(SectionRow(rid, "fail", {"check": "calibration"}, message=f"{type(exc).__name__}: {exc}"[:300]))
             continue
-        equal = got.shape == running.shape and bool((got.to(torch.float32) == running).all())
+        equal = got.shape == running.shape and bool(same_bits(running, got.to(torch.float32)).all())
         dtype_ok = got.dtype == batches[0].dtype
         rows.append(SectionRow(
             rid, "pass" if equal and dtype_ok else "fail",
@@ -149,7 +146,7 @@ def clip_rule_row(backend: object, fmt: str, seed: int, prefix: str) -> SectionR
     want = {r: torch.cat([t.reshape(-1).to(torch.float32) for t in reference.ste_backward_experts(ws, amax, grads, "clipped", clip_rule=r)])
             for r in reference.CLIP_RULES}
     fields = {"check": "ste_clip_rule", "format": fmt, "expected": expected or "-", "elements": int(want["fp32"].numel())}
-    separated = int((~bits_equal(want["fp32"], want["torch_promotion"])).sum())
+    separated = int((~same_bits(want["fp32"], want["torch_promotion"])).sum())
     if not separated:
         return SectionRow(rid, "fail", fields, message="the clip-rule data does not separate the rules")
     try:
@@ -157,7 +154,7 @@ def clip_rule_row(backend: object, fmt: str, seed: int, prefix: str) -> SectionR
     except Exception as exc:  # noqa: BLE001 - the row fails and says why
         return SectionRow(rid, "fail", fields, message=f"{type(exc).__name__}: {exc}"[:300])
     g = torch.cat([t.detach().reshape(-1).cpu().to(torch.float32) for t in got])
-    counts = {r: int((~bits_equal(e, g)).sum()) for r, e in want.items()}
+    counts = {r: int((~same_bits(e, g)).sum()) for r, e in want.items()}
     matched = [r for r, n in counts.items() if n == 0]
     fields.update(matched=", ".join(matched) or "none", mismatches="; ".join(f"{r}={n}" for r, n in counts.items()),
                   separating_elements=separated)

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 
 from moe_fq_parity import reference
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.equality import same_bits
 from moe_fq_parity.reference.constants import E2M1_GRID, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM
 from moe_fq_parity.reference.nvfp4 import static_block_scales
 
@@ -97,7 +97,7 @@ def split_amax(fmt: str, ties: probes.NearTies, count: int, **options) -> torch.
     outs = [reference.fake_quant(ties.x, ties.amax, fmt, v, **options) for v in reference.variants(fmt)]
     differ = torch.zeros(len(ties), dtype=torch.bool)
     for o in outs[1:]:
-        same = bits_equal(o, outs[0]) | (torch.isnan(o) & torch.isnan(outs[0]))
+        same = same_bits(outs[0], o)
         differ |= ~same.all(dim=1)
     idx = torch.nonzero(differ).reshape(-1).tolist()
     first, seen = [], set()

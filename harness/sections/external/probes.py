@@ -14,17 +14,17 @@ with scale numerator ``num`` and grid ``G`` (``cases.grids``: INT qmax and integ
   ``t``, so ``RN(g / s)`` and ``RN(g * RN(1 / s))`` can round to different bf16 values.
 
 Each constructed amax comes with its input row: the ``x`` (input tie) or the bf16 preimage of
-``g`` (output tie), its bf16 neighbours, and their negations.  Seeds follow STYLE habit 10:
-``seed + crc32(name)`` into an explicit ``torch.Generator``.
+``g`` (output tie), its bf16 neighbours, and their negations.  Seeds follow the project's one rule,
+``cases.inputs.seed_for_id(name, seed)``, into an explicit ``torch.Generator``.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
+from moe_fq_parity.cases.inputs import seed_for_id
 from moe_fq_parity.cases.grids import grid_points, midpoints, scale_numerator
 from moe_fq_parity.reference.constants import TINY_AMAX
 from moe_fq_parity.reference.formats import format_spec
@@ -35,8 +35,8 @@ ULP_OFFSETS = (-2, -1, 0, 1, 2)
 
 
 def generator(seed: int, name: str) -> torch.Generator:
-    """A CPU generator seeded with ``seed + crc32(name)``."""
-    return torch.Generator().manual_seed(seed + zlib.crc32(name.encode()))
+    """A CPU generator seeded with ``cases.inputs.seed_for_id(name, seed)`` (the project's one seed rule)."""
+    return torch.Generator().manual_seed(seed_for_id(name, seed))
 
 
 def all_bf16(*, finite_only: bool = False) -> torch.Tensor:

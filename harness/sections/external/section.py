@@ -35,14 +35,15 @@ from .registry import resolve
 from .te_backend import te_version
 from .variant_match import FormatMatch, match_variants
 from moe_fq_parity.harness.core.contract import backend_available
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
 from moe_fq_parity.harness.sections import Section, SectionRow
 
-SUITE_SIZES: dict[str, dict[str, int]] = {
+SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
     "smoke": {"n_ties": 40, "n_split": 2},
     "ci": {"n_ties": 100, "n_split": 3},
     "nightly": {"n_ties": 2000, "n_split": 8},
     "ultra": {"n_ties": 2000, "n_split": 8},
-}
+}, what="external SUITE_SIZES")
 """Near-tie constructions and variant-splitting amax per suite."""
 
 EXPECTED: dict[tuple[str, str], str] = {
@@ -151,9 +152,7 @@ def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device:
 
 def run(suite: str, seed: int, device: str) -> Section:
     """Section runner (``harness.sections.SECTION_RUNNERS["external"]``)."""
-    if suite not in SUITE_SIZES:
-        raise ValueError(f"unknown suite {suite!r}; known: {sorted(SUITE_SIZES)}")
-    sizes = SUITE_SIZES[suite]
+    sizes = SUITE_SIZES[parse_suite(suite)]
     cache: dict = {}
     rows: list[SectionRow] = []
     for name, spec in BACKENDS.items():

@@ -1,8 +1,8 @@
 """Bitwise comparison of tensor lists and the row collector every MoE check writes to.
 
-``bit_diff`` compares bit patterns (``harness.core.ulp.bits_equal``: ``+0 != -0``, NaN only equal to
-the same NaN bits), collects *every* mismatch count and the first offenders, and never stops
-at the first difference.  ``RowSink.guard`` turns an exception inside a check into a failing
+``bit_diff`` is ``harness.core.equality.bit_diff``: bit patterns under the harness's comparison policy
+(``+0 != -0``; NaN payload and sign not compared), *every* mismatch counted, the first offenders
+kept, never stopping at the first difference.  ``RowSink.guard`` turns an exception inside a check into a failing
 row carrying the exception type, message and location, instead of losing it.
 """
 
@@ -16,64 +16,14 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from moe_fq_parity.harness.sections import SectionRow
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.equality import BitDiff, bit_diff as core_bit_diff
 from moe_fq_parity.reference.formats import FORMATS, format_spec
 
 from .roles import Role
 
-MAX_OFFENDERS = 3
-
-
-@dataclass(frozen=True)
-class BitDiff:
-    """Result of comparing two lists of tensors element by element, bit for bit."""
-
-    numel: int
-    mismatches: int
-    offenders: tuple[str, ...] = ()
-    problems: tuple[str, ...] = ()
-
-    @property
-    def equal(self) -> bool:
-        return self.mismatches == 0 and not self.problems
-
-    def summary(self) -> str:
-        parts = list(self.problems) + list(self.offenders)
-        return "; ".join(parts)
-
-
-_BITS = {torch.float32: (torch.int32, 8, 0xFFFFFFFF), torch.bfloat16: (torch.int16, 4, 0xFFFF), torch.float16: (torch.int16, 4, 0xFFFF)}
-
-
-def _fmt(v: torch.Tensor) -> str:
-    """``value (0xbits)`` of a one-element tensor."""
-    int_dtype, width, mask = _BITS[v.dtype]
-    bits = int(v.reshape(1).view(int_dtype).item()) & mask
-    return f"{float(v):.9g} (0x{bits:0{width}x})"
-
-
 def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, label: str = "expert") -> BitDiff:
-    """Compare ``expected[k]`` with ``got[k]`` for every k (same count, shapes and dtypes required)."""
-    problems: list[str] = []
-    offenders: list[str] = []
-    numel = mismatches = 0
-    if len(expected) != len(got):
-        problems.append(f"{len(expected)} expected tensors, {len(got)} got")
-    for k, (e, g) in enumerate(zip(expected, got)):
-        g = g.detach().to(e.device)
-        e = e.detach()
-        if e.shape != g.shape or e.dtype != g.dtype:
-            problems.append(f"{label} {k}: expected {e.dtype}{tuple(e.shape)}, got {g.dtype}{tuple(g.shape)}")
-            continue
-        numel += e.numel()
-        eq = bits_equal(e, g)
-        bad = (~eq).nonzero()
-        mismatches += bad.shape[0]
-        room = max(MAX_OFFENDERS - len(offenders), 0)
-        for idx in bad[:room].tolist():
-            t = tuple(idx)
-            offenders.append(f"{label} {k} at {t}: expected {_fmt(e[t])}, got {_fmt(g[t])}")
-    return BitDiff(numel, mismatches, tuple(offenders), tuple(problems))
+    """``harness.core.equality.bit_diff`` (the one bitwise comparison), labelled for MoE rows."""
+    return core_bit_diff(expected, got, label=label)
 
 
 POWER_OF_TWO_BLIND: tuple[str, ...] = tuple(f for f in FORMATS if format_spec(f).power_of_two_blind)

@@ -1,7 +1,7 @@
 """Test data for the MoE checks: expert weights and routed tokens whose per-expert amax differ.
 
 Everything is drawn on the CPU from one explicit ``torch.Generator`` seeded with
-``case_seed(seed, case_id) = (seed + crc32(case_id)) mod 2**63``, then moved to the device, so the data are
+``cases.inputs.seed_for_id(case_id, seed) = (seed + crc32(case_id)) mod 2**63``, then moved to the device, so the data are
 the same on every device and independent of test order.
 
 * Weights: expert ``i`` is ``randn(out, in) * c_i`` with scales ``c_i`` from ``_spread(n, -3, 1)``
@@ -25,13 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-
-def case_seed(seed: int, case_id: str) -> int:
-    """The project's seed rule (``cases.inputs.seed_for_id``) for a MoE row id."""
-    from moe_fq_parity.cases.inputs import seed_for_id
-
-    return seed_for_id(case_id, seed)
 
 
 @dataclass(frozen=True)

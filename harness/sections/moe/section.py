@@ -24,7 +24,10 @@ from .checks_input import input_rows
 from .checks_state import layout_rows, quantizer_state_rows
 from .checks_weight import ROUTINGS, weight_rows
 from .compare import RowSink, bit_diff
-from .data import ExpertShape, case_seed, make_expert_data
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.cases.inputs import seed_for_id
+
+from .data import ExpertShape, make_expert_data
 from .roles import QuantSpec, Recipe, Role
 from .te_adapter import te_available
 
@@ -51,12 +54,12 @@ def _mlp(n: int, hidden: int, ffn: int, tokens: int) -> tuple[tuple[str, ExpertS
     return (("fc1", ExpertShape(n, ffn, hidden, tokens)), ("fc2", ExpertShape(n, hidden, ffn, tokens)))
 
 
-SUITES: dict[str, SuiteConfig] = {
+SUITES: dict[str, SuiteConfig] = suite_table({
     "smoke": SuiteConfig(_mlp(4, 64, 32, 48), _CORE),
     "ci": SuiteConfig(_mlp(8, 72, 96, 160), _CI),
     "nightly": SuiteConfig(_mlp(16, 1024, 512, 2048), _CI + (_pair("nvfp4", "per_tensor", variant="modelopt_static"),)),
     "ultra": SuiteConfig(_mlp(32, 2688, 1856, 4096), _CORE),
-}
+}, what="MoE section SUITES")
 """``ci`` uses in/out features that are not multiples of 16 (short NVFP4 blocks); ``ultra`` is
 Nemotron 3 Nano's routed expert at EP=4 (N=32, fc1 ``[1856, 2688]``, fc2 ``[2688, 1856]``)."""
 
@@ -77,9 +80,7 @@ def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
 
 def run(suite: str, seed: int, device: str) -> Section:
     """All MoE rows for ``suite`` (smoke/ci/nightly/ultra) from ``seed`` on ``device``."""
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; known: {sorted(SUITES)}")
-    cfg = SUITES[suite]
+    cfg = SUITES[parse_suite(suite)]
     dev = torch.device(device)
     te_ok, te_why = te_available() if dev.type == "cuda" else (False, f"device {device} is not CUDA")
     backends = ["twin"] + (["te"] if te_ok else [])
@@ -89,7 +90,7 @@ def run(suite: str, seed: int, device: str) -> Section:
                                fields={"backend": "te", "check": "real GroupedLinear checks", "measured": te_why}, message=te_why))
     with tempfile.TemporaryDirectory(prefix="moe_sd_") as tmp:
         for name, shape in cfg.layers:
-            data = make_expert_data(shape, case_seed(seed, f"{name}/{shape.id}"), dev)
+            data = make_expert_data(shape, seed_for_id(f"{name}/{shape.id}", seed), dev)
             base = dict(backend="twin", spec="any", shape=shape.id)
             sink = RowSink(f"twin/any/{shape.id}", suite, seed, device, base)
             layout_rows(shape, data, name, sink, tmp, dev)

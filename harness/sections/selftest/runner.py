@@ -15,17 +15,18 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from moe_fq_parity import reference
-from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, parse_case, suite as suite_cases
+from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, parse_case, suite as suite_cases, suite_table
 from moe_fq_parity.harness.backends import LoadedBackend, load
 from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
 from moe_fq_parity.harness.core.records import CheckRecord
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, MUTANT_TIMEOUT_S
 
 from .mutants import Mutant, build_mutants
 
 SELFTEST_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate")
-CONTROLS_BY_SUITE = {"ci": ("reference", "eager-loop"), "nightly": ("triton",)}
-SUITE_FOR = {"smoke": "ci", "ci": "ci", "nightly": "nightly"}
-"""Selftest suite used for a report suite: smoke reports run the fast ``ci`` selftest."""
+CONTROLS_BY_SUITE = suite_table({"ci": ("reference", "eager-loop"), "nightly": ("triton",)}, what="selftest controls", partial=True)
+SUITE_FOR = suite_table({"smoke": "ci", "ci": "ci", "nightly": "nightly"}, what="selftest suites", partial=True)
+"""Selftest suite used for a report suite: smoke reports run the fast ``ci`` selftest (none for ``ultra``)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class _InputCache:
         return self._store[case.id]
 
 
-def run_mutant(m: Mutant, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = 60.0) -> MutantOutcome:
+def run_mutant(m: Mutant, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = MUTANT_TIMEOUT_S) -> MutantOutcome:
     """Hunt one mutant down: the first failing (case, check), or a survivor."""
     start, tried = time.perf_counter(), 0
     backend = _loaded(m)
@@ -103,7 +104,7 @@ def run_mutant(m: Mutant, cases: Sequence[Case], cache: _InputCache, timeout_s: 
     return MutantOutcome(m.name, m.bug, False, "", "", f"survived {tried} cases", tried, time.perf_counter() - start)
 
 
-def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = 300.0) -> ControlOutcome:
+def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = CALL_TIMEOUT_S) -> ControlOutcome:
     """An unmutated backend over the same cases: every check must pass or skip."""
     backend = load(spec)
     if not backend.available:

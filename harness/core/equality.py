@@ -1,0 +1,217 @@
+"""The comparison policy: what counts as equal, stated once.  Every check and section compares through here.
+
+Forward parity (``checks.forward``), the STE backward checks, the invariants, the MoE section, the
+distributed checkpoint section and the external-backend section all decide "equal or not" with the
+functions of this module (``same_bits``, ``bitwise``, ``bit_diff``) or with ``harness.core.ulp.compare``,
+which applies the same rules and adds ULP classes.
+
+The policy
+----------
+
+* **NaN payload and sign are not part of the value** (default, ``nan_bits="any"``).  IEEE 754 leaves
+  the payload and the sign of a NaN result to the implementation, and the implementations this
+  harness judges differ: CUDA produces the canonical bf16 NaN ``0x7FFF``; torch on the CPU and numpy
+  produce the quiet NaN ``0x7FC0``; a NaN input may pass through with its own payload and sign.  A
+  NaN where the reference has a NaN is therefore *equal*, whatever its bits.
+* **A NaN where the reference has a number, or a number where it has a NaN, is an error** in every
+  mode (``±inf`` is a number here: ``inf`` vs ``-inf`` or vs a finite value is an error too).
+* **``--nan-bits strict``** (``nan_bits="strict"``) is for users who need the canonical NaN bits:
+  a NaN whose bits differ from the reference's NaN is then a mismatch of its own class,
+  ``nan_bits`` (counted apart from ``error``, named in the message, failing the check).  Off by default.
+* **Signed zero.**  ``-0`` and ``+0`` are different bit patterns and the reference defines which one
+  a fake quant produces, so everywhere bitwise identity is demanded they differ.  The forward
+  check's ``1-ulp`` mode (the upstream acceptance) is the one exception: there a sign-of-zero
+  difference has ULP distance 0 and passes, counted in ``signed_zero``; forward ``strict`` fails it.
+* **Where bitwise identity is demanded** (up to NaN payload under the default): forward ``strict``;
+  ``backward.pass_through`` and ``backward.clipped``; ``invariant.layout``, ``invariant.grouped`` and
+  ``invariant.recalibrate``; every MoE, distributed and external section comparison.  "Bitwise" in
+  this code base always means ``same_bits`` under the run's ``nan_bits`` policy.
+
+Offenders
+---------
+
+A comparison counts *every* mismatch and keeps the first ``MAX_OFFENDERS`` of them (in list, then
+flat-index order) as ``records.Offender`` entries, with the value and the bit pattern on both sides,
+so a NaN-payload difference shows as ``nan (0x7FFF)`` vs ``nan (0x7FC0)``, never as ``nan`` vs ``nan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import torch
+
+from .records import Offender
+
+NAN_BITS_MODES = ("any", "strict")
+"""``any``: NaN payload and sign are not compared (default).  ``strict``: they are, as class ``nan_bits``."""
+DEFAULT_NAN_BITS = "any"
+
+MAX_OFFENDERS = 10
+"""How many offenders any comparison keeps (the first ones); every mismatch is counted regardless."""
+
+_BITS = {torch.float32: (torch.int32, 8, 0xFFFFFFFF), torch.bfloat16: (torch.int16, 4, 0xFFFF), torch.float16: (torch.int16, 4, 0xFFFF)}
+
+
+def check_nan_bits(nan_bits: str) -> str:
+    """``nan_bits`` if it is one of ``NAN_BITS_MODES``, else ``ValueError`` naming the choices."""
+    if nan_bits not in NAN_BITS_MODES:
+        raise ValueError(f"nan_bits must be one of {NAN_BITS_MODES}, got {nan_bits!r}")
+    return nan_bits
+
+
+def _raw_bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype in _BITS:
+        return t.contiguous().view(_BITS[t.dtype][0])
+    if t.dtype == torch.float64:
+        return t.contiguous().view(torch.int64)
+    return t.contiguous()
+
+
+def _nan(t: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(t) if t.is_floating_point() else torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+
+
+def raw_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise equality of the raw bit patterns (``+0 != -0``; NaN only equal to the same NaN bits)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
+    return _raw_bits(a) == _raw_bits(b.to(a.device))
+
+
+def nan_bits_differ(expected: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """Where both are NaN but their bits (payload or sign) differ."""
+    g = got.to(expected.device)
+    return _nan(expected) & _nan(g) & ~raw_bits_equal(expected, g)
+
+
+def same_bits(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS) -> torch.Tensor:
+    """The policy's elementwise equality: same bit pattern, or both NaN (under ``nan_bits="any"``).
+
+    ``+0 != -0`` always.  Integer and bool tensors compare by value.
+    """
+    check_nan_bits(nan_bits)
+    g = got.to(expected.device)
+    eq = raw_bits_equal(expected, g)
+    if nan_bits == "any":
+        eq = eq | (_nan(expected) & _nan(g))
+    return eq
+
+
+def bits_hex(v: torch.Tensor) -> str:
+    """Bit pattern of a one-element float tensor as hex (``0x7FC0``); ``""`` for other dtypes."""
+    if v.dtype not in _BITS:
+        return ""
+    int_dtype, width, mask = _BITS[v.dtype]
+    return f"0x{int(v.reshape(1).view(int_dtype).item()) & mask:0{width}X}"
+
+
+def _scalar(t: torch.Tensor, i: int) -> float:
+    return float(t.reshape(-1)[i].double()) if t.numel() else float("nan")
+
+
+def offender(k: int, i: int, expected: torch.Tensor, got: torch.Tensor, cls: str, *, inputs: Optional[torch.Tensor] = None,
+             pre_round: Optional[torch.Tensor] = None, ulp: Optional[int] = None) -> Offender:
+    """The ``Offender`` at flat index ``i`` of tensor ``k`` (row/col of the tensor seen as ``[-1, last dim]``)."""
+    cols = expected.shape[-1] if expected.dim() and expected.shape[-1] else 1
+    e, g = expected.reshape(-1)[i], got.reshape(-1)[i]
+    return Offender(
+        expert=k, row=i // cols, col=i % cols, input=_scalar(inputs, i) if inputs is not None else None,
+        expected=_scalar(expected, i), got=_scalar(got, i), pre_round=_scalar(pre_round, i) if pre_round is not None else None,
+        ulp=ulp, cls=cls, expected_bits=bits_hex(e), got_bits=bits_hex(g),
+    )
+
+
+def bitwise(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS):
+    """``harness.core.ulp.compare`` re-classified for the checks that demand bitwise identity.
+
+    Every element that is not ``same_bits`` is an ``error``, except a NaN/NaN pair whose bits differ,
+    which (only under ``nan_bits="strict"``) is ``nan_bits``.  ``mismatch_ulp`` holds the ULP distance
+    of finite pairs (0 elsewhere), for the offender table.
+    """
+    from .ulp import CLASSES, compare, ulp_distance
+
+    check_nan_bits(nan_bits)
+    g = got.detach().to(expected.device)
+    e = expected.detach()
+    comp = compare(e, g, nan_bits=nan_bits)
+    eq = same_bits(e, g, nan_bits).reshape(-1)
+    differ = torch.nonzero(~eq).reshape(-1)
+    ef, gf = e.reshape(-1)[differ], g.reshape(-1)[differ]
+    ulp = torch.where(torch.isfinite(ef) & torch.isfinite(gf), ulp_distance(ef, gf), 0)
+    is_nan_bits = torch.isnan(ef) & torch.isnan(gf)
+    cls = torch.where(is_nan_bits, CLASSES.index("nan_bits"), CLASSES.index("error")).to(torch.int8)
+    counts = dict.fromkeys(CLASSES, 0)
+    counts["nan_bits"] = int(is_nan_bits.sum())
+    counts["error"] = int(differ.numel()) - counts["nan_bits"]
+    counts["exact"] = comp.numel - int(differ.numel())
+    return replace(comp, counts=counts, mismatch_index=differ.cpu(), mismatch_ulp=ulp.cpu(), mismatch_class=cls.cpu())
+
+
+@dataclass(frozen=True)
+class BitDiff:
+    """Bitwise comparison of two tensor lists: every mismatch counted, the first offenders kept.
+
+    ``mismatches`` counts every element that is not ``same_bits`` (``nan_bits`` of them are NaN/NaN
+    pairs with different bits, only possible under ``nan_bits="strict"``); ``problems`` are
+    comparisons that could not be made element by element (count, shape or dtype differ).
+    """
+
+    numel: int
+    mismatches: int
+    nan_bits: int = 0
+    offenders: tuple[Offender, ...] = ()
+    problems: tuple[str, ...] = ()
+    label: str = "tensor"
+
+    @property
+    def equal(self) -> bool:
+        return self.mismatches == 0 and not self.problems
+
+    def offender_lines(self) -> tuple[str, ...]:
+        return tuple(describe(o, self.label) for o in self.offenders)
+
+    def summary(self) -> str:
+        """Problems, then the kind of the mismatches and the offenders (empty when equal)."""
+        parts = list(self.problems)
+        if self.nan_bits:
+            parts.append(f"{self.nan_bits} NaN with other bits than the reference's (--nan-bits strict)")
+        return "; ".join(parts + list(self.offender_lines()))
+
+
+def describe(o: Offender, label: str = "tensor") -> str:
+    """``expert 2 at (3, 4): expected 1.5 (0x3FC0), got nan (0x7FC0)``."""
+
+    def side(v: float, bits: str) -> str:
+        return f"{v:.9g}" + (f" ({bits})" if bits else "")
+
+    return f"{label} {o.expert} at ({o.row}, {o.col}): expected {side(o.expected, o.expected_bits)}, got {side(o.got, o.got_bits)}"
+
+
+def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, label: str = "tensor",
+             nan_bits: str = DEFAULT_NAN_BITS, limit: int = MAX_OFFENDERS) -> BitDiff:
+    """Compare ``expected[k]`` with ``got[k]`` for every k under the policy (same count, shapes, dtypes)."""
+    check_nan_bits(nan_bits)
+    problems: list[str] = []
+    offenders: list[Offender] = []
+    numel = mismatches = n_nan = 0
+    if len(expected) != len(got):
+        problems.append(f"{len(expected)} expected tensors, {len(got)} got")
+    for k, (e, g) in enumerate(zip(expected, got)):
+        if not isinstance(g, torch.Tensor):
+            problems.append(f"{label} {k}: got {type(g).__name__}, not a tensor")
+            continue
+        e, g = e.detach(), g.detach().to(e.device)
+        if e.shape != g.shape or e.dtype != g.dtype:
+            problems.append(f"{label} {k}: expected {e.dtype}{tuple(e.shape)}, got {g.dtype}{tuple(g.shape)}")
+            continue
+        numel += e.numel()
+        bad = torch.nonzero(~same_bits(e, g, nan_bits).reshape(-1)).reshape(-1)
+        mismatches += int(bad.numel())
+        if bad.numel():
+            n_nan += int(nan_bits_differ(e.reshape(-1)[bad], g.reshape(-1)[bad]).sum())
+        for i in bad[: max(limit - len(offenders), 0)].tolist():
+            both_nan = bool(_nan(e.reshape(-1)[i]).item() and _nan(g.reshape(-1)[i]).item())
+            offenders.append(offender(k, i, e, g, "nan_bits" if both_nan else "error"))
+    return BitDiff(numel, mismatches, n_nan, tuple(offenders), tuple(problems), label)
