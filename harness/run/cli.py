@@ -29,7 +29,7 @@ def _csv(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from moe_fq_parity.cases import DEFAULT_SEED, SUITES
+    from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES
     from moe_fq_parity.reference import FORMATS
     from moe_fq_parity.harness.backends import NAMES
     from moe_fq_parity.harness.core.records import CHECKS
@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a suite and write report.json + report.html")
-    r.add_argument("--suite", default="smoke", choices=sorted(SUITES), help="case suite (default: smoke)")
+    r.add_argument("--suite", default="smoke", choices=SUITE_NAMES, help="case suite (default: smoke)")
     r.add_argument("--backend", action="append", default=[], metavar="B",
                    help=f"{' | '.join(NAMES)} | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
     r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     ctl.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
     st.add_argument("--json", type=Path, default=None, help="write the outcome as JSON here")
     ls = sub.add_parser("list", help="list suites, cases and backends")
-    ls.add_argument("--suite", choices=sorted(SUITES), default=None, help="list the cases of this suite only")
+    ls.add_argument("--suite", choices=SUITE_NAMES, default=None, help="list the cases of this suite only")
     ls.add_argument("--cases", action="append", default=[], metavar="GLOB")
     return p
 
@@ -201,11 +201,11 @@ def _cmd_merge(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from moe_fq_parity.cases import marks, select, suite, SUITES
+    from moe_fq_parity.cases import SUITE_NAMES, marks, select, suite
 
     from moe_fq_parity.harness.backends import BUILTINS, NAMES, load_all
 
-    for name in ([args.suite] if args.suite else sorted(SUITES)):
+    for name in ([args.suite] if args.suite else SUITE_NAMES):
         cs = select(suite(name), patterns=args.cases)
         print(f"suite {name}: {len(cs)} cases, {sum(c.numel for c in cs) / 1e6:.1f} M elements")
         if args.suite or args.cases:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .section import SUITES, run
+from moe_fq_parity.cases import SUITE_NAMES
+
+from .section import run
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.moe", description=__doc__)
-    p.add_argument("--suite", choices=sorted(SUITES), default="smoke")
+    p.add_argument("--suite", choices=SUITE_NAMES, default="smoke")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--filter", default="", help="only rows whose id contains this substring")

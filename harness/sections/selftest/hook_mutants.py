@@ -30,7 +30,8 @@ import torch
 from moe_fq_parity.harness.sections.moe import layers, state_dict
 from moe_fq_parity.harness.sections.moe.checks_state import layout_rows
 from moe_fq_parity.harness.sections.moe.compare import RowSink
-from moe_fq_parity.harness.sections.moe.data import ExpertShape, case_seed, make_expert_data
+from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
 
 from .runner import MutantOutcome
 
@@ -85,7 +86,7 @@ HOOK_MUTANTS: tuple[HookMutant, ...] = (
 
 
 def _rows(seed: int) -> list:
-    data = make_expert_data(SHAPE, case_seed(seed, f"selftest/hooks/{SHAPE.id}"))
+    data = make_expert_data(SHAPE, seed_for_id(f"selftest/hooks/{SHAPE.id}", seed))
     sink = RowSink(f"selftest/hooks/{SHAPE.id}", "smoke", seed, "cpu")
     with tempfile.TemporaryDirectory(prefix="hook_mutants_") as tmp:
         layout_rows(SHAPE, data, "fc1", sink, tmp, torch.device("cpu"))
