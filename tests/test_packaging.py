@@ -25,3 +25,26 @@ def test_every_package_folder_is_listed_under_the_namespace():
     }
     assert set(cfg["packages"]) == on_disk
     assert cfg["package-dir"] == {f"moe_fq_parity.{t}": t for t in TOPS}
+
+
+def _extras(text: str, pattern: str) -> set[str]:
+    import re
+
+    m = re.search(pattern, text)
+    assert m, f"no install line matching {pattern!r}"
+    return set(m.group(1).split(","))
+
+
+def test_readme_install_line_installs_the_extras_ci_installs_first():
+    """The README's install line and the first install of .ci/run name the same extras."""
+    readme = _extras((REPO / "README.md").read_text(), r"pip install -e '\.\[([a-z,]+)\]'")
+    ci = _extras((REPO / ".ci" / "run").read_text(), r"pip install -q -e '\.\[([a-z,]+)\]'")
+    assert readme == ci
+
+
+def test_golden_vectors_are_package_data():
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text()) if tomllib else None
+    if cfg is None:
+        pytest.skip("tomllib needs Python >= 3.11")
+    data = cfg["tool"]["setuptools"]["package-data"]["moe_fq_parity.reference"]
+    assert "data/*.npz" in data and (REPO / "reference" / "data" / "modelopt_cuda_vectors.npz").exists()

@@ -23,7 +23,7 @@ SEED = 99
 def test_backend_matches_reference_on_generated_cases(spec, case):
     lb = load(spec)
     if not lb.available:
-        pytest.skip(f"{spec} unavailable: {lb.reason}")
+        pytest.skip(f"{spec} unavailable: {lb.why_not}")
     ctx = CheckContext(lb, make_inputs(case, SEED, lb.device or "cpu"), SEED)
     recs = run_case_checks(ctx, ["forward", "backward.clipped"])
     for rec in recs:

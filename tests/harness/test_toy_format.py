@@ -20,6 +20,7 @@ from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.harness.sections.selftest.mutants import build_mutants
 from moe_fq_parity.harness.sections.selftest.runner import run_selftest
 from moe_fq_parity.reports.schema import validate
+from tests.extras import needs
 
 
 @pytest.fixture
@@ -52,6 +53,7 @@ def test_strategies_draw_int6(int6):
     assert drawn.fmt == "int6" and parse_case(drawn.id) == drawn and make_inputs(drawn).amax.shape == (drawn.n, drawn.shape[0])
 
 
+@needs("triton")
 def test_the_harness_runs_int6_and_triton_declines_it(int6, tmp_path: Path):
     out = tmp_path / "out"
     rc = main(["run", "--no-progress", "--no-sections", "--suite", "smoke", "--formats", "int6",
@@ -71,6 +73,7 @@ def test_the_harness_runs_int6_and_triton_declines_it(int6, tmp_path: Path):
     assert tri and all(r["verdict"] == "skip" and "int6" in r["message"] for r in tri), tri
 
 
+@needs("triton")
 def test_triton_backend_and_kernels_decline_int6_with_a_reason(int6):
     be = TritonBackend()
     assert "int6" not in be.formats and be.formats == set(kernels.FORMATS)

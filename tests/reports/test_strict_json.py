@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,9 @@ def test_report_of_a_run_on_nan_and_inf_inputs_parses_strictly(tmp_path):
     offenders = [o for r in report["records"] for o in r["offenders"]]
     assert offenders, "the broken backend must produce offenders"
     assert {"nan", "inf", "-inf"} <= _nonfinite_strings(offenders)
+    if shutil.which("jq"):  # the strict parser named by users; absent on some hosts (the json.loads check above always runs)
+        jq = subprocess.run(["jq", "-e", ".records[0].offenders | length", str(out / "report.json")], capture_output=True, text=True, timeout=60)
+        assert jq.returncode == 0 and int(jq.stdout) > 0, jq.stderr
 
 
 def test_compare_still_reads_a_report_with_bare_nonfinite_tokens(tmp_path):
