@@ -29,13 +29,27 @@ Variant ``reciprocal`` (the same scale, dequantized by a true division ``e / s``
 Variant ``div`` (CUDA scale, dequantized by a true division)::
 
     1. s = RN(448 / a)   3-4 as default   5. y = RN(e / s)
+
+Variant ``te_current`` (Transformer Engine current scaling: ``compute_scale_from_amax`` in
+``common/recipe/recipe_common.cuh`` with ``epsilon = 0``, no power-of-two scales,
+``value_for_inf = FP32_MAX``; TE computes ``scale_inv = RN(1/scale)`` and dequantizes
+``RN(e * scale_inv)``).  No tiny-amax rule: step 0 is not applied::
+
+    1. s = 1 if amax == 0 else RN(448 / amax)  (``__fdiv_rn``);  s = FP32_MAX where that is inf
+    2-6 as default
+
+Domains: for ``amax > 2**-24`` it *is* ``cuda`` (same scale, same dequantization); for ``amax == 0``
+(an all-zero tensor under current scaling) the outputs agree too (``+-0`` either way).  For
+``0 < amax <= 2**-24`` they part: ``cuda`` scales by 448 and flushes every ``|x| <= amax`` to ``+-0``,
+``te_current`` scales by ``RN(448 / amax)`` and reproduces ``x = amax`` (e.g. ``2**-25``);
+below ``448 / FP32_MAX`` (about ``1.3e-36``) its scale is ``FP32_MAX`` and ``scale_inv`` a subnormal.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .constants import E4M3_MAX, TINY_AMAX
+from .constants import E4M3_MAX, FP32_MAX, TINY_AMAX
 from .granularity import broadcast_amax
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e4m3, to_output_dtype
@@ -97,5 +111,18 @@ def fp8_div(x, amax) -> FakeQuantResult:
     return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
 
 
-VARIANTS = {"cuda": fp8_cuda, "eager": fp8_eager, "reciprocal": fp8_reciprocal, "div": fp8_div}
+def fp8_te_current(x, amax) -> FakeQuantResult:
+    """Transformer Engine current scaling: ``s = RN(448/amax)`` (1 at amax 0, FP32_MAX on overflow), no tiny rule."""
+    a = broadcast_amax(x, amax)
+    xf = x.to(torch.float32)
+    s = fp32_scalar_like(E4M3_MAX, xf) / a
+    s = torch.where(torch.isinf(s), fp32_scalar_like(FP32_MAX, xf), s)
+    s = torch.where(a == 0, torch.ones((), device=xf.device), s)
+    inv = fp32_scalar_like(1.0, xf) / s
+    v = xf * s
+    y = round_to_e4m3(v) * inv
+    return FakeQuantResult(to_output_dtype(y, x.dtype), v, round_to_e4m3)
+
+
+VARIANTS = {"cuda": fp8_cuda, "eager": fp8_eager, "reciprocal": fp8_reciprocal, "div": fp8_div, "te_current": fp8_te_current}
 DEFAULT_VARIANT = "cuda"

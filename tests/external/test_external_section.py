@@ -58,6 +58,7 @@ def test_eager_rows_say_what_matched(monkeypatch, tiny_suite, modelopt_eager):
     clip = by_id["external/modelopt-eager/fp8_e4m3/ste/clip_rule"]
     assert clip.fields["matched"] == "torch_promotion" and clip.fields["mismatches"].startswith("fp32=")
     assert row.fields["version"] == "0.47.0"
+    assert "calibrated: " in row.fields["per_case"] and "calibrated_tiny: " in row.fields["per_case"]
     assert {r.id for r in s.rows if "/calibration/" in r.id} == {"external/modelopt-eager/calibration/per_tensor",
                                                                  "external/modelopt-eager/calibration/per_channel"}
     assert set(section.COLUMNS) <= set(row.fields)

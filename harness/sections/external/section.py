@@ -51,13 +51,15 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("modelopt", "nvfp4"): "modelopt_static",
     **{("modelopt-eager", f): "eager" for f in ("int8", "int4", "fp8_e4m3")},
     ("te", "fp8_e4m3"): "cuda",
-    ("te-current", "fp8_e4m3"): "cuda",
+    ("te-current", "fp8_e4m3"): "te_current",
     ("te", "nvfp4"): "te",
 }
-"""The reference variant each external path is expected to match (docs/measured.md §5-§7; the eager
-path's op order as measured here: ``eager`` is not yet a reference variant, see the README)."""
+"""The reference variant each external path is expected to match (docs/measured.md §5-§8 and the
+variants' docstrings).  ``te`` FP8 is handed the ``cuda`` scale (tiny amax as 1) by its adapter;
+``te-current`` computes ``RN(448/amax)`` itself with no tiny-amax rule, which is ``cuda`` only for
+amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``)."""
 
-COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "elements", "near_ties"]
+COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "per_case", "elements", "near_ties"]
 
 
 def _options(fmt: str) -> list[dict[str, Any]]:
@@ -81,6 +83,8 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
         "matched": ", ".join(m.matched) or "none",
         "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
         "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" for v in m.variant_names if m.tie_flips(v)) or "0",
+        "per_case": "; ".join(f"{c.case}: {', '.join(v.variant for v in c.variants if v.matches) or 'none'}"
+                              for c in m.cases if not (c.error or c.declined)),
         "elements": m.numel, "near_ties": m.near_tie,
     }
     if m.matched_up_to_ties:
@@ -125,12 +129,12 @@ def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device:
     if ok and device == "cpu" and getattr(obj, "device", "cpu") != "cpu":
         ok, why = False, f"section run with device=cpu; {name} runs on {obj.device}"
     if not ok:
-        return [SectionRow(f"external/{name}", "skip", {"backend": name}, message=why)]
+        return [SectionRow(f"external/{name}", "skip", {"backend": name, "version": _version(obj)}, message=why)]
     rows: list[SectionRow] = []
     for fmt in [f for f in reference.FORMATS if f in obj.formats]:
         fok, fwhy = obj.format_available(fmt) if hasattr(obj, "format_available") else (True, "")
         if not fok:
-            rows.append(SectionRow(f"external/{name}/{fmt}", "skip", {"backend": name, "format": fmt}, message=fwhy))
+            rows.append(SectionRow(f"external/{name}/{fmt}", "skip", {"backend": name, "format": fmt, "version": _version(obj)}, message=fwhy))
             continue
         for opts in _options(fmt):
             only = fmt in getattr(obj, "calibrated_only", ())
