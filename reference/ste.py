@@ -15,8 +15,9 @@ Numeric contract
     of the CUDA extension's vectors (docs/measured.md §7) and of this package's kernels, and the one that depends only
     on the numbers.
   - ``torch_promotion``: what torch's type promotion makes of Model-Optimizer's
-    ``torch.where(x.abs() <= amax, grad, 0)`` (``tensor_quant._fake_tensor_quant_backward``, on
-    any device) when each quantizer holds a **0-dim** fp32 amax, as a per-tensor
+    ``torch.where(x.abs() <= amax, grad, 0)`` (``tensor_quant._fake_tensor_quant_backward``, a
+    TorchScript function: on CPU always, on CUDA until TorchScript's profiling executor fuses it,
+    after which it compares in fp32) when each quantizer holds a **0-dim** fp32 amax, as a per-tensor
     ``TensorQuantizer`` does: a 0-dim tensor does not promote a bf16/fp16 ``x``, so the
     comparison runs in ``x``'s dtype, ``|x| <= RNE_dtype(amax)`` (fp16: amax above 65504 rounds
     to ``inf``).  It applies to a 0-dim amax and to per-expert amax (one 0-dim amax per expert

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import check_backend
 from moe_fq_parity.harness.sections.external.checks import calibration_rows, ste_rows
 from moe_fq_parity.harness.sections.external.modelopt_backend import modelopt
@@ -117,3 +118,33 @@ def test_ste_rows_catch_a_wrong_gradient():
     rows = ste_rows(ZeroGrad("cuda"), "int8", 0, "t")
     assert {r.verdict for r in rows} == {"fail"}
     assert all(r.fields["mismatches"] > 0 for r in rows)
+
+
+class RuleSequence:
+    """A backend whose clipped backward follows ``rules[k]`` on its k-th call (then the last rule)."""
+
+    device = "cpu"
+    formats = {"int8"}
+
+    def __init__(self, name, rules):
+        self.name, self.rules, self.calls = name, rules, 0
+
+    def ste_backward(self, weights, amax, grads, fmt, mode, **options):
+        rule = self.rules[min(self.calls, len(self.rules) - 1)]
+        self.calls += 1
+        return reference.ste_backward_experts(weights, amax, grads, mode, clip_rule=rule)
+
+
+@pytest.mark.parametrize("name,rules,verdict,per_call", [
+    ("modelopt-eager", ["torch_promotion"], "pass", "torch_promotion x7"),
+    ("modelopt-eager", ["fp32"], "fail", "fp32 x7"),
+    ("modelopt", ["torch_promotion", "torch_promotion", "fp32"], "pass", "torch_promotion x2, fp32 x5"),
+    ("modelopt", ["fp32"], "pass", "fp32 x7"),
+    ("modelopt", ["torch_promotion"] * 3 + ["fp32"], "fail", "torch_promotion x3, fp32 x4"),
+    ("modelopt", ["fp32", "torch_promotion"], "fail", "fp32 x1, torch_promotion x6"),
+])
+def test_clip_rule_fingerprint_follows_calls(name, rules, verdict, per_call):
+    from moe_fq_parity.harness.sections.external.checks import clip_rule_row
+
+    row = clip_rule_row(RuleSequence(name, rules), "int8", 0, "t")
+    assert row.verdict == verdict and row.fields["per_call"] == per_call, row
