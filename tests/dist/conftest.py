@@ -53,6 +53,49 @@ def _compute(seed: int, workdir: Path) -> DistRun:
     return DistRun(seed, tuple(verdicts), {name: probes.outcome(name) for name in probes.PROBES})
 
 
+MEGATRON_LAYOUTS = ("tp1ep1", "tp1ep2", "tp2ep2")
+"""The Megatron-Core engine's CI matrix: EP grows and shrinks, TP on and off (9 save -> load
+pairs, every format, quantizer layout and negative control); the report's ``dist`` section runs
+it over the full matrix.  ~55 s wall on the shared 2-core machine."""
+
+
+def _shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute) -> DistRun:
+    """Compute once per test run; under xdist the first worker computes, the others read JSON."""
+    root = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if uid:
+        root = root.parent
+    name = f"{name}-{uid or 'local'}"
+    result = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if result.exists():
+            return DistRun.from_json(json.loads(result.read_text()))
+        run = compute(root / f"{name}-work")
+        tmp = result.with_suffix(".tmp")
+        tmp.write_text(json.dumps(run.to_json()))
+        os.replace(tmp, result)
+        return run
+
+
+@pytest.fixture(scope="session")
+def megatron_run(tmp_path_factory: pytest.TempPathFactory, dist_seed: int) -> DistRun:
+    """The matrix with Megatron-Core ``dist_checkpointing`` as the engine (skips with the pip hint
+    when it is not installed)."""
+    from moe_fq_parity.harness.sections.dist.engines import ENGINES
+    from moe_fq_parity.harness.sections.dist.layout import parse_layout
+
+    ok, why = ENGINES["megatron"].available("cpu")
+    if not ok:
+        pytest.skip(why)
+    layouts = tuple(parse_layout(x) for x in MEGATRON_LAYOUTS)
+
+    def compute(workdir: Path) -> DistRun:
+        return DistRun(dist_seed, tuple(run_plan(DistPlan(dist_seed, layouts, layouts, engine="megatron"), str(workdir))), {})
+
+    return _shared_run(tmp_path_factory, f"megatron-run-s{dist_seed}", compute)
+
+
 @pytest.fixture(scope="session")
 def dist_seed(request: pytest.FixtureRequest) -> int:
     """The parity plugin's seed when it is loaded, else ``PARITY_SEED``, else 1234."""

@@ -114,6 +114,9 @@ def test_misfit_messages_name_key_and_both_shapes(ckpt):
 
 
 def test_allow_list_is_small():
-    """Only DCP metadata classes, Size, dtype lookup, layout lookup, paths and OrderedDict."""
+    """Only DCP metadata classes, Size, dtype lookup, layout lookup, paths, OrderedDict, and the
+    DCP save-plan records Megatron-Core caches in its metadata."""
     modules = {m for m, _ in safe_io.ALLOWED_GLOBALS}
-    assert modules == {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch", "torch.serialization", "collections", "pathlib"}
+    assert modules == {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch", "torch.serialization",
+                       "collections", "pathlib", "torch.distributed.checkpoint.planner"}
+    assert {n for m, n in safe_io.ALLOWED_GLOBALS if m == "torch.distributed.checkpoint.planner"} == {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}

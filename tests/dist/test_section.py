@@ -55,3 +55,15 @@ def test_plan_validation_names_each_bad_argument():
         assert part in text
     with pytest.raises(TypeError):
         DistPlan(1, (Layout(1, 1),), (Layout(1, 1),), "cpu")
+
+
+def test_engine_rows_stand_side_by_side():
+    from moe_fq_parity.harness.sections.dist.checks import Verdict
+
+    v = Verdict("roundtrip/tp1ep1->tp1ep2/n_quantizer/fp8_e4m3/per_expert", "pass", {"engine": "megatron"})
+    assert section.engine_row(v, "dcp") is v
+    assert section.engine_row(v, "megatron").id == "megatron/" + v.id
+    skip = Verdict("engine/megatron", "skip", {}, "not importable")
+    assert section.engine_row(skip, "megatron").id == "engine/megatron"
+    tally = section.engine_tally("dcp", [v, skip])
+    assert tally == "dcp: 1 pass, 0 fail, 1 skip"

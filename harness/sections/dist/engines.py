@@ -16,7 +16,8 @@ with the same message (key, checkpoint shape, target shape) instead of a hang.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Protocol
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -94,8 +95,49 @@ class DcpEngine:
         return {k: v.to_local() for k, v in state.items()}
 
 
+class SaveRefusedError(RuntimeError):
+    """An engine refused to write a checkpoint; raised on every rank with the same message."""
+
+
+MEGATRON_PIP_HINT = "pip install 'moe-fq-parity[megatron]' (megatron-core and psutil)"
+
+CUDA_CALLS_ON_SAVE: tuple[str, ...] = (
+    "torch.cuda.synchronize() in dist_checkpointing/strategies/filesystem_async.py preload_tensors",
+    "torch.cuda.current_device() in dist_checkpointing/strategies/state_dict_saver.py "
+    "save_state_dict_async_finalize (device of the one-element failure flag it all-reduces)",
+)
+"""The only CUDA calls Megatron-Core 0.16.1's ``dist_checkpointing.save`` makes on the default
+(``torch_dist``, synchronous) path; ``load`` makes none.  On a CPU-only torch both raise
+"Torch not compiled with CUDA enabled"."""
+
+
+@contextmanager
+def cpu_shim() -> Iterator[None]:
+    """Let ``dist_checkpointing.save`` run on a host without CUDA: for the duration of the call,
+    ``torch.cuda.synchronize`` is a no-op (no CUDA stream exists to wait for) and
+    ``torch.cuda.current_device`` returns ``torch.device("cpu")`` (its one use puts a flag tensor
+    on the device gloo reduces on).  Nothing is patched when CUDA is available; everything is
+    restored afterwards, also on an exception.  The calls replaced: ``CUDA_CALLS_ON_SAVE``."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.synchronize, torch.cuda.current_device
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.current_device = saved
+
+
 class MegatronEngine:
-    """Megatron-Core ``dist_checkpointing`` (optional; see ``available``)."""
+    """Megatron-Core ``dist_checkpointing`` (optional; see ``available``).
+
+    ``ShardedTensor.from_rank_offsets`` per entry: EP/TP placements become rank offsets (global
+    expert offsets for the stacked entries), the other mesh dims of the entry give the
+    ``replica_id`` (exactly one rank per shard has all zeros).  On a CPU-only host the save runs
+    under ``cpu_shim`` (two CUDA queries replaced, ``CUDA_CALLS_ON_SAVE``); the load needs nothing.
+    """
 
     name = "megatron"
 
@@ -103,10 +145,21 @@ class MegatronEngine:
         try:
             from megatron.core import dist_checkpointing  # noqa: F401
         except Exception as exc:  # ImportError, or a broken install raising at import
-            return False, f"megatron.core.dist_checkpointing not importable ({type(exc).__name__}: {exc})"
-        if device != "cuda":
-            return False, "megatron-core dist_checkpointing calls torch.cuda unconditionally; it runs with device='cuda' only"
+            return False, f"megatron.core.dist_checkpointing not importable ({type(exc).__name__}: {exc}); {MEGATRON_PIP_HINT}"
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            return False, f"megatron-core's checkpoint writer needs psutil; {MEGATRON_PIP_HINT}"
         return True, ""
+
+    @staticmethod
+    def version() -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("megatron-core")
+        except PackageNotFoundError:
+            return "?"
 
     @staticmethod
     def _sharded(specs: list[ShardSpec], ctx: RankContext) -> dict:
@@ -121,14 +174,32 @@ class MegatronEngine:
         return out
 
     def save(self, specs: list[ShardSpec], path: str, ctx: RankContext) -> None:
+        """``dist_checkpointing.save``, after Megatron's own sharding validation has run on every
+        rank and the ranks have agreed on its outcome: the validation raises on global rank 0
+        only, so a refusal is turned into a ``SaveRefusedError`` on *every* rank (ranks stay in
+        step) instead of a rank-0 exception and a hang in the next collective."""
         from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.core import CheckpointingException
+        from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 
-        dist_checkpointing.save(self._sharded(specs, ctx), path)
+        try:
+            save_preprocess(self._sharded(specs, ctx), validate_access_integrity=True)
+            problems = []
+        except CheckpointingException as exc:
+            problems = [f"{type(exc).__name__}: {exc}"]
+        problems = ctx.agree(problems)
+        if problems:
+            raise SaveRefusedError(" || ".join(problems))
+        with cpu_shim():
+            dist_checkpointing.save(self._sharded(specs, ctx), path, validate_access_integrity=False)
 
     def load_into(self, specs: list[ShardSpec], path: str, ctx: RankContext) -> dict[str, torch.Tensor]:
         from megatron.core import dist_checkpointing
 
-        loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
+        try:
+            loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
+        except CheckpointException as exc:  # its torch_dist strategy reads through DCP
+            raise dcp_failure(exc, path) from None
         return {s.key: loaded[s.key] for s in specs}
 
 

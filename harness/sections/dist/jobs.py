@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .engines import ENGINES, load_checked
+from .engines import ENGINES, SaveRefusedError, load_checked
 from .launch import RankContext
 from .model import FCS, MoEConfig, local_weights
 from .quant import calibrate, fake_quant_local, quant_format, quant_params, sync_ep, sync_tp
@@ -108,14 +108,20 @@ def save_job(ctx: RankContext, p: SavePayload) -> dict:
         if ctx.layout.ep > 1 and not shared:
             calib[qf_id][EP_SYNC_ON_PER_EXPERT] = _cpu(quant_params(w, run_sync(qf, ep=True), qf))
     engine = ENGINES[p.engine]
+    save_errors: dict[str, str] = {}
     for task in p.tasks:
         qf = quant_format(task.qf_id)
         plan = key_plan(p.cfg, ctx.layout, ctx.coords, task.qlayout, qf, task.index_mode)
         state = LocalState(w, states[task.qf_id])
         if task.qlayout == "vector_per_key":
             state = _gather_vectors(ctx, state, qf, task.index_mode)
-        engine.save(to_specs(state, plan), task.path, ctx)
-    return {"coords": [ctx.coords.ep, ctx.coords.tp], "calib": calib}
+        try:
+            engine.save(to_specs(state, plan), task.path, ctx)
+        except SaveRefusedError as exc:
+            save_errors[task.ckpt_id] = f"{type(exc).__name__}: {str(exc)[:600]}"
+    return {"coords": [ctx.coords.ep, ctx.coords.tp], "calib": calib, "save_errors": save_errors}
+
+
 
 
 def _gather_vectors(ctx: RankContext, state: LocalState, qf, index_mode: str) -> LocalState:

@@ -166,7 +166,20 @@ def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: li
         if EP_SYNC_ON_PER_EXPERT in calib:
             inner = granularity_verdict(f"granularity/{lay.id}/{qf}/{EP_SYNC_ON_PER_EXPERT}", fields, ranks, qf, EP_SYNC_ON_PER_EXPERT, lay, truth)
             out.append(negative_control(f"hazard/{EP_SYNC_ON_PER_EXPERT}/{lay.id}/{qf}", inner, "an EP all-reduce of per-expert quantizer state"))
-    return [_Saved(t, lay) for t in good + neg]
+    errors = {k: v for r in ranks for k, v in r.get("save_errors", {}).items()}
+    kept = []
+    for t in good + neg:
+        if t.ckpt_id not in errors:
+            kept.append(_Saved(t, lay))
+            continue
+        fields = {"save": lay.id, "qlayout": t.qlayout, "format": t.qf_id, "index": t.index_mode, "engine": plan.engine}
+        inner = Verdict(f"save/{t.ckpt_id}", "fail", fields, f"the engine refused to save it: {errors[t.ckpt_id]}")
+        if t.index_mode in NEGATIVE_WRITERS:
+            name, what = NEGATIVE_WRITERS[t.index_mode]
+            out.append(negative_control(f"negative/{name}/save/{t.ckpt_id}", inner, what))
+        else:
+            out.append(inner)
+    return kept
 
 
 def _stage_content(saved: list[_Saved], truth: Truth, out: list[SectionRow]) -> None:

@@ -50,8 +50,11 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("collections", "OrderedDict"),
     }
     | {("pathlib", n) for n in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")}
+    | {("torch.distributed.checkpoint.planner", n) for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")}
 )
-"""``(module, name)`` globals a DCP ``.metadata`` pickle may reference; plus ``torch.<dtype>``."""
+"""``(module, name)`` globals a DCP ``.metadata`` pickle may reference; plus ``torch.<dtype>``.
+The ``planner`` data classes are the save plans Megatron-Core's ``dist_checkpointing`` caches in
+the metadata (``mcore_data``); plain records and an enum, nothing that runs code."""
 
 MAX_LISTED_PROBLEMS = 12
 """How many misfits an error message lists before it says how many more there are."""

@@ -1,7 +1,8 @@
 """The report section ``dist``: every (save layout -> load layout, quantizer layout, format) pair.
 
 ``run(suite, seed, device)`` runs the matrix (``harness.sections.dist.matrix``) for each checkpoint
-engine and returns one ``Section`` whose rows are the verdicts: ``roundtrip/...`` pairs,
+engine -- DCP, and Megatron-Core ``dist_checkpointing`` (rows prefixed ``megatron/``) -- with the
+same negative controls, and returns one ``Section`` whose rows are the verdicts: ``roundtrip/...`` pairs,
 ``invariance/...`` layouts, ``content/...`` checkpoints, ``negative/...`` controls (pass = the
 deliberate bug was caught), ``bad_input/...`` refusals; an engine that cannot run here is one
 ``skip`` row with the reason.
@@ -67,6 +68,22 @@ def to_section(verdicts: list[SectionRow], seed: int, device: str, notes: str = 
     return Section(name="dist", title=TITLE, columns=COLUMNS, rows=rows, notes=notes)
 
 
+def engine_row(v: SectionRow, engine: str) -> SectionRow:
+    """Rows of the reference engine (``dcp``) keep their ids; another engine's are prefixed with
+    its name (``megatron/roundtrip/...``), so both engines' rows stand side by side, unique."""
+    if engine == "dcp" or v.id.startswith(f"engine/{engine}"):
+        return v
+    return replace(v, id=f"{engine}/{v.id}", fields={**v.fields, "engine": engine})
+
+
+def engine_tally(engine: str, verdicts: list[SectionRow]) -> str:
+    """``engine (version): P pass, F fail, S skip`` for the notes (the side-by-side summary)."""
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "skip")}
+    version = ENGINES[engine].version() if hasattr(ENGINES[engine], "version") else ""
+    label = f"{engine} ({'megatron-core ' + version})" if engine == "megatron" and version else engine
+    return f"{label}: {counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip"
+
+
 def run(suite: str, seed: int, device: str) -> Section:
     """The ``dist`` section (see the module docstring)."""
     plan = plan_for(suite, seed, device)
@@ -79,13 +96,16 @@ def run(suite: str, seed: int, device: str) -> Section:
     if isinstance(plan, str):
         return to_section([Verdict("dist", "skip", {}, plan)], seed, device)
     verdicts: list[SectionRow] = []
+    tallies = []
     with tempfile.TemporaryDirectory(prefix="parity-dist-") as workdir:
         for engine in ENGINES:
-            # The negative controls prove the checks catch the bugs; that needs one engine only.
-            engine_plan = replace(plan, engine=engine, negative_controls=engine == "dcp")
-            verdicts += run_plan(engine_plan, f"{workdir}/{engine}")
+            # Every engine runs the same matrix and the same negative controls: a bug must be
+            # caught whichever engine wrote and read the checkpoint.
+            engine_verdicts = run_plan(replace(plan, engine=engine), f"{workdir}/{engine}")
+            verdicts += [engine_row(v, engine) for v in engine_verdicts]
+            tallies.append(engine_tally(engine, engine_verdicts))
     layouts = ", ".join(lay.id for lay in plan.save_layouts)
-    notes = f"{'NCCL' if device == 'cuda' else 'gloo'} ranks per layout; layouts {layouts}; model {plan.cfg.id}; seed {seed}"
+    notes = f"{'NCCL' if device == 'cuda' else 'gloo'} ranks per layout; layouts {layouts}; model {plan.cfg.id}; seed {seed}; " + "; ".join(tallies)
     if note:
         notes += f"; {note}"
     return to_section(verdicts, seed, device, notes)
