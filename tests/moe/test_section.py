@@ -247,3 +247,24 @@ def test_internal_key_names_in_the_state_dict_fail_the_upstream_keys_row(monkeyp
     assert rows() == set()
     monkeypatch.setattr(quantized, "to_upstream_keys", lambda *a, **k: 0)
     assert "state_dict/quantizer/upstream_keys" in rows()
+
+
+def test_loss_rows_fail_when_nothing_is_quantised_or_the_error_is_not_finite():
+    from moe_fq_parity.harness.sections.moe.checks_loss import ep_outputs, loss_rows
+
+    b = _bench("fp8")
+
+    def rows(outputs):
+        sink = RowSink("t", "smoke", 0, "cpu")
+        loss_rows(b, sink, outputs)
+        return _failed({_key(r.id): r.verdict for r in sink.rows})
+
+    assert rows(ep_outputs) == set()
+    unquantised = lambda bench, label, ep: (ep_outputs(bench, label, ep)[1],) * 2  # noqa: E731
+    assert {"loss/n_quantizer/ep1", "loss/sequential/ep2", "loss/ep2_eq_ep1/shared"} <= rows(unquantised)
+
+    def nan_sequential(bench, label, ep):
+        q, ref = ep_outputs(bench, label, ep)
+        return (torch.full_like(q, float("nan")) if label == "sequential" else q), ref
+
+    assert rows(nan_sequential) == {"loss/sequential/ep1", "loss/sequential/ep2", "loss/grouped_eq_sequential/ep1", "loss/grouped_eq_sequential/ep2"}

@@ -21,6 +21,7 @@ from moe_fq_parity.harness.sections import Section, SectionRow
 
 from .bench import Bench, build_bench
 from .checks_input import input_rows
+from .checks_loss import loss_rows
 from .checks_state import layout_rows, quantizer_state_rows
 from .checks_weight import ROUTINGS, weight_rows
 from .compare import RowSink, bit_diff
@@ -30,6 +31,7 @@ from moe_fq_parity.cases.inputs import seed_for_id
 from .data import ExpertShape, make_expert_data
 from .roles import QuantSpec, Recipe, Role
 from .te_adapter import te_available
+from .upstream_hook import backend_rows
 
 COLUMNS = ["backend", "spec", "shape", "role", "check", "expected", "measured", "mismatches"]
 
@@ -94,6 +96,7 @@ def run(suite: str, seed: int, device: str) -> Section:
             base = dict(backend="twin", spec="any", shape=shape.id)
             sink = RowSink(f"twin/any/{shape.id}", suite, seed, device, base)
             layout_rows(shape, data, name, sink, tmp, dev)
+            backend_rows(sink, name)
             rows += sink.rows
             for wspec, ispec in cfg.specs:
                 recipe = Recipe.uniform([name], wspec, ispec)
@@ -104,6 +107,7 @@ def run(suite: str, seed: int, device: str) -> Section:
                         benches[backend] = bench = build_bench(recipe, name, shape, data, backend=backend, device=dev)
                         weight_rows(bench, sink)
                         input_rows(bench, sink)
+                        loss_rows(bench, sink)
                         if backend == "twin":
                             quantizer_state_rows(bench, sink, tmp, dev)
                     rows += sink.rows
