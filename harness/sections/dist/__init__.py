@@ -1,4 +1,4 @@
-"""Distributed checkpoints of per-expert quantizer state across TP/EP layouts (issue 6).
+"""Distributed checkpoints of per-expert quantizer state across TP/EP layouts.
 
 Real ranks (gloo on the CPU, NCCL on GPUs) save a small MoE expert model with its quantizer
 buffers under one (TP, EP) layout and load it under another; the parent process checks every
@@ -22,4 +22,6 @@ Modules, bottom up:
 * ``bad_inputs`` -- checkpoints that must be refused;
 * ``matrix``     -- ``DistPlan`` and ``run_plan``: the stages end to end;
 * ``section``    -- the report section ``dist``; ``__main__`` -- ``python -m moe_fq_parity.harness.sections.dist``.
+
+Which rows check which upstream change: ``docs/seed-changes.md``.
 """

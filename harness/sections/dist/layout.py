@@ -26,7 +26,7 @@ MESH_DIMS: tuple[str, str] = ("ep", "tp")
 
 TP_SIZES: tuple[int, ...] = (1, 2)
 EP_SIZES: tuple[int, ...] = (1, 2, 4, 8)
-"""The matrix of issue 6: every ``(tp, ep)`` from these whose world size fits."""
+"""The layout matrix: every ``(tp, ep)`` from these whose world size fits."""
 
 _ID = re.compile(r"^tp(?P<tp>\d+)ep(?P<ep>\d+)$")
 

@@ -11,6 +11,10 @@ Module map:
 * ``data``        -- seeded expert weights and routed tokens whose per-expert amax differ;
 * ``bench``       -- the calibrated models one role's checks compare;
 * ``compare``     -- bitwise list comparison and the row collector;
-* ``checks_weight`` / ``checks_input`` / ``checks_state`` -- the report rows;
+* ``checks_weight`` / ``checks_input`` / ``checks_state`` / ``checks_loss`` -- the report rows;
+* ``upstream_hook`` -- Megatron's grouped-key hook as a backend beside ours (where it imports);
+* ``te_roles``    -- Transformer Engine's ``QuantizerRole``, slot order and role-addressed factories;
 * ``section``     -- ``run(suite, seed, device) -> Section`` (``python -m moe_fq_parity.harness.sections.moe`` runs it).
+
+Which rows check which upstream change: ``docs/seed-changes.md``.
 """

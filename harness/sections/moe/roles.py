@@ -6,6 +6,11 @@ roles: its ``weight`` and its ``input``.  There is no ``output`` or ``grad_input
 ``grad_output`` role either, because this package does not quantize gradients (the backward is
 only the straight-through estimator of the forward quantizers, ``reference.ste``).
 
+These are the roles *this package* quantizes; Transformer Engine's own vocabulary (module types
+``linear``/``grouped_linear``, tensor types ``input``/``weight``/``grad_output``, the slot order of
+``get_quantizer_roles`` and role-addressed factories) is ``te_roles``; ``Role.quantizer_role``
+maps one to the other.
+
 A *recipe* maps roles to a ``QuantSpec``.  Grouped and sequential layers of the same ``name``
 must resolve to the same spec (``Recipe.interchangeable``), otherwise comparing them is
 meaningless and the recipe is rejected.
@@ -54,6 +59,13 @@ class Role:
     @property
     def id(self) -> str:
         return f"{self.module_type}/{self.tensor_type}/{self.name}"
+
+    def quantizer_role(self):
+        """The same slot as Transformer Engine names it (``te_roles.QuantizerRole``): a grouped
+        layer is TE's ``grouped_linear``, one module per expert is TE's ``linear``."""
+        from .te_roles import QuantizerRole
+
+        return QuantizerRole("grouped_linear" if self.module_type == "grouped_linear" else "linear", self.tensor_type, self.name)
 
     def counterpart(self) -> "Role":
         """The same tensor of the other module type (grouped <-> sequential)."""
