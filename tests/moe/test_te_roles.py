@@ -94,3 +94,26 @@ def test_against_real_transformer_engine():
     assert [(r.module_type, r.tensor_type, r.name) if r else None for r in got] == [
         (r.module_type, r.tensor_type, r.name) if r else None for r in ours]
     assert real("linear", "weight", "x") is not None
+
+
+def test_report_row_passes_and_fails_when_a_gemm_loses_its_weight_quantizer(monkeypatch):
+    from moe_fq_parity.harness.sections.moe.bench import build_bench
+    from moe_fq_parity.harness.sections.moe.compare import RowSink
+    from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
+    from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
+
+    shape = ExpertShape(4, 16, 32, 24)
+    fp8 = QuantSpec("fp8_e4m3", "per_tensor")
+    bench = build_bench(Recipe.uniform(["fc1"], fp8, fp8), "fc1", shape, make_expert_data(shape, seed=5), backend="twin", device="cpu")
+
+    def verdicts():
+        sink = RowSink("t", "smoke", 0, "cpu")
+        tr.te_role_rows(bench, sink)
+        return [(r.fields["check"], r.verdict) for r in sink.rows]
+
+    assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "pass")]
+    monkeypatch.setattr(tr, "num_quantizers", lambda kind, fwd, n=1: 3 * (n - 1))
+    assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "fail")]
+    monkeypatch.undo()
+    monkeypatch.setattr(tr, "current_scaling_factory", lambda role: tr.QuantizerSpec("current_scaling", "e4m3", reference=("fp8_e4m3", "eager")))
+    assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "fail")]

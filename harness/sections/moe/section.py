@@ -31,6 +31,7 @@ from moe_fq_parity.cases.inputs import seed_for_id
 from .data import ExpertShape, make_expert_data
 from .roles import QuantSpec, Recipe, Role
 from .te_adapter import te_available
+from .te_roles import te_role_rows
 from .upstream_hook import backend_rows
 
 COLUMNS = ["backend", "spec", "shape", "role", "check", "expected", "measured", "mismatches"]
@@ -108,6 +109,7 @@ def run(suite: str, seed: int, device: str) -> Section:
                         weight_rows(bench, sink)
                         input_rows(bench, sink)
                         loss_rows(bench, sink)
+                        te_role_rows(bench, sink)
                         if backend == "twin":
                             quantizer_state_rows(bench, sink, tmp, dev)
                     rows += sink.rows

@@ -18,6 +18,7 @@ imports and reports where they differ.  Known difference, by design: upstream ra
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -111,7 +112,9 @@ def upstream_hook() -> tuple[Optional[tuple[UpstreamHook, Callable]], str]:
     except Exception:
         return None, "megatron-core is not installed (pip install 'moe-fq-parity[megatron]'); the grouped-key hook ships from 0.18.0"
     try:
-        from megatron.core.extensions.transformer_engine import TEGroupedLinear
+        with warnings.catch_warnings():  # megatron-core warns about every optional accelerator it lacks
+            warnings.simplefilter("ignore")
+            from megatron.core.extensions.transformer_engine import TEGroupedLinear
     except Exception as exc:  # TE missing: the class is not defined
         return None, f"megatron-core {mcore}: TEGroupedLinear not importable here ({type(exc).__name__}: {exc}); it needs Transformer Engine"
     hook = getattr(TEGroupedLinear, "_normalize_grouped_parameter_keys", None)
