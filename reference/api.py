@@ -85,10 +85,18 @@ def fake_quant_experts(
 
     Each expert is computed independently (the per-expert loop is the definition of the
     grouped result); empty experts return empty tensors.  ``block_amax`` (NVFP4 static) is a
-    list of per-expert block amax tensors here.
+    list of per-expert block amax tensors here.  ``fmt``, ``variant`` and the options are checked
+    before anything else, also for an empty list (``N = 0`` returns ``[]`` only for valid arguments).
     """
-    per = split_expert_amax(weights, amax)
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, (list, tuple)):
+        what = "a single tensor" if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise TypeError(f"weights must be a sequence of tensors (one per expert), got {what}")
     block_amax = options.pop("block_amax", None)
+    spec = format_spec(fmt)
+    spec.check_options(variant, options if block_amax is None else {**options, "block_amax": torch.zeros(0)})
+    if block_amax is not None and (not isinstance(block_amax, (list, tuple)) or len(block_amax) != len(weights)):
+        raise TypeError(f"block_amax must be a list of one tensor per expert ({len(weights)}), got {type(block_amax).__name__}")
+    per = split_expert_amax(weights, amax)
     out = []
     for i, (w, a) in enumerate(zip(weights, per)):
         kw = dict(options)

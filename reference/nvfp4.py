@@ -85,7 +85,7 @@ import torch
 
 from .constants import FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import cuda_core
-from .granularity import broadcast_amax
+from .granularity import broadcast_amax, check_amax_values
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
 
@@ -158,9 +158,15 @@ def nvfp4_modelopt_static(
         bamax = xb.abs().amax(dim=-1)
     else:
         expected = tuple(x.shape[:-1]) + (nb,)
+        if not isinstance(block_amax, torch.Tensor):
+            raise TypeError(f"block_amax must be a torch.Tensor, got {type(block_amax).__name__}")
         if tuple(block_amax.shape) != expected:
             raise ValueError(f"block_amax shape {tuple(block_amax.shape)} != expected {expected}")
         bamax = block_amax.to(device=xf.device, dtype=torch.float32)
+        try:
+            check_amax_values(bamax)  # the amax policy: finite and >= 0, block amax included
+        except ValueError as exc:
+            raise ValueError(f"block_amax: {exc}") from None
     sc = static_block_scales(bamax, g.squeeze(-1)).unsqueeze(-1)
     zero = sc == 0
     one = torch.ones((), device=xf.device)

@@ -105,6 +105,7 @@ def merge_reports(items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
         started=min(m["started"] for m in metas),
         finished=None if None in finished else max(finished),
         cases_planned=len(shard0["selection"]),
+        cases=list(shard0["selection"]),  # the whole selection (a shard's meta.cases is its share)
         merged={
             "count": shard0["count"], "selection_digest": shard0["selection_digest"], "cases": len(shard0["selection"]),
             "shards": [{"path": path, "index": rep["meta"]["shard"]["index"], "cases": rep["meta"]["shard"]["cases"],

@@ -90,6 +90,11 @@ class ReportWriter:
         self.report["meta"]["finished"] = now_iso()
         self.write_json()
         if html:
-            from .html import render_html
+            self.write_html()
 
-            atomic_write_text(self.html_path, render_html(json.loads(self.json_path.read_text())))
+    def write_html(self) -> None:
+        """``report.html`` of the JSON as written now (at the start of a run: an incomplete report with
+        no records yet, so an HTML of an earlier run never stands beside this run's JSON)."""
+        from .html import render_html
+
+        atomic_write_text(self.html_path, render_html(json.loads(self.json_path.read_text())))

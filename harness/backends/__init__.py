@@ -78,7 +78,26 @@ def load(spec: str) -> LoadedBackend:
     else:
         raise BackendLoadError(f"unknown backend {spec!r}: use one of {', '.join(NAMES)} or 'package.module:object'")
     ok, reason = backend_available(obj)
-    return LoadedBackend(spec, obj, ok, reason, str(backend_device(obj)), "" if ok else hint)
+    device, why = usable_device(obj)
+    if device is None:  # its own reason first when it has one
+        return LoadedBackend(spec, obj, False, reason if not ok else why, str(getattr(obj, "device", "")), hint)
+    return LoadedBackend(spec, obj, ok, reason, device, "" if ok else hint)
+
+
+def usable_device(obj: object) -> tuple[Optional[str], str]:
+    """``(device, "")`` when the backend's device exists here, else ``(None, reason)``: an invalid device
+    string or a device this host lacks makes the backend unavailable with that reason, never a crash."""
+    import torch
+
+    try:
+        dev = backend_device(obj)
+    except Exception as exc:  # noqa: BLE001 - torch.device's own message names the bad string
+        return None, f"device {getattr(obj, 'device', None)!r} is not a device: {type(exc).__name__}: {exc}"
+    try:
+        torch.empty(1, device=dev)
+    except Exception as exc:  # noqa: BLE001 - e.g. "Torch not compiled with CUDA enabled"
+        return None, f"device {str(dev)!r} is not usable here: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return str(dev), ""
 
 
 def load_all(specs: Optional[Iterable[str]] = None) -> list[LoadedBackend]:

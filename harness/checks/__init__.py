@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Optional
 from moe_fq_parity.harness.core.memory import (
     OOM_ERRORS, CheckOutOfMemory, allocated, forget, oom_message, peak_since, release, start_peak,
 )
+from moe_fq_parity.harness.core.guard import InputsModified
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 
 from .backward import check_backward
@@ -45,6 +46,8 @@ def measured(ctx: CheckContext, check: str, fn: Callable[[], CheckRecord]) -> Ch
     failure: Optional[tuple[str, str]] = None
     try:
         rec = fn()
+    except InputsModified as exc:
+        return replace(record(ctx, check, "fail", exc.detail), peak_bytes=peak_since(device, base))
     except CheckOutOfMemory as exc:
         failure = (exc.where, exc.detail)
     except OOM_ERRORS as exc:

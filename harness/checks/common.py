@@ -7,9 +7,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from moe_fq_parity.cases import CaseInputs
+from moe_fq_parity.cases import CaseInputs, make_inputs
 from moe_fq_parity.harness.backends import LoadedBackend
-from moe_fq_parity.harness.core.guard import Call, guarded, output_problems
+from moe_fq_parity.harness.core.guard import Call, InputsModified, fingerprint, guarded, output_problems
 from moe_fq_parity.harness.core.memory import CheckOutOfMemory, forget, is_oom
 from moe_fq_parity.harness.core.records import CheckRecord, ExpertStats, Offender
 from moe_fq_parity.harness.core.repro import repro_command
@@ -66,10 +66,48 @@ def record(ctx: CheckContext, check: str, verdict: str, message: str = "", **fie
     )
 
 
+def _input_tensors(inputs) -> list[Optional[torch.Tensor]]:
+    return [*inputs.weights, inputs.amax, *inputs.grads, inputs.stacked]
+
+
+def _modified(inputs, before: tuple, after: tuple) -> str:
+    """Which inputs changed between two ``fingerprint`` s (weights by expert, amax, grads by expert, stacked)."""
+    n = len(inputs.weights)
+    names = [f"weights of expert {i}" for i in range(n)] + ["amax"] + [f"gradient of expert {i}" for i in range(len(inputs.grads))] + ["stacked weights"]
+    changed = [name for name, hb, ha, sb, sa in zip(names, before[0], after[0], before[1] + (None,) * len(names), after[1] + (None,) * len(names))
+               if hb != ha or sb != sa]
+    return ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+
+
+def restore_inputs(ctx: CheckContext) -> None:
+    """Write the case's generated bits back into its input tensors (in place, so every holder of them,
+    the pytest plugin's case cache included, sees the fresh inputs again)."""
+    fresh = make_inputs(ctx.case, ctx.seed, ctx.inputs.amax.device)
+    with torch.no_grad():
+        for old, new in zip(_input_tensors(ctx.inputs), _input_tensors(fresh)):
+            if old is not None and new is not None:
+                old.copy_(new)
+
+
 def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
-    """``guarded(fn)``; a backend that ran out of memory raises ``CheckOutOfMemory`` out of the check
-    (its record becomes ``oom``, never a parity verdict) after its traceback's frames are dropped."""
+    """``guarded(fn)`` with the case's inputs checked bit for bit around it.
+
+    A backend that ran out of memory raises ``CheckOutOfMemory`` out of the check (its record becomes
+    ``oom``, never a parity verdict) after its traceback's frames are dropped.  A backend that wrote to
+    its inputs (weights, amax, gradients: ``harness.core.guard.fingerprint`` before and after) raises
+    ``InputsModified`` out of the check, after the inputs were restored (``restore_inputs``), so every
+    check starts from the generated inputs, as its one-check repro does.
+    """
+    tensors = _input_tensors(ctx.inputs)
+    before = fingerprint(tensors)
     call = guarded(fn, ctx.timeout_s)
+    after = fingerprint(tensors)
+    if after != before:
+        what = _modified(ctx.inputs, before, after)
+        detail = f"the backend wrote to its inputs ({what}); a backend must leave weights, amax and gradients untouched"
+        del call
+        restore_inputs(ctx)
+        raise InputsModified("the backend call", detail)
     if call.error is not None and is_oom(call.error):
         message = call.message
         forget(call.error)
@@ -81,20 +119,23 @@ def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
     """A skip reason when the backend declined, else ``None``.
 
-    ``NotImplementedError`` always declines.  ``TypeError``/``ValueError`` decline only when the call
-    carried non-default options or a variant: the contract lets a backend refuse an option it does not
-    implement that way.  On a plain default call they are failures.
+    A backend may decline what it does not declare: a non-default variant or option, with
+    ``NotImplementedError``, ``TypeError`` or ``ValueError`` (the contract's way to refuse an option it
+    does not implement).  A format it lists in ``formats`` it has declared: declining a plain default
+    call of it (even with ``NotImplementedError``) is a failure, so a declared format cannot silently
+    lose its coverage (``problems_of`` says so).
     """
-    if isinstance(call.error, NotImplementedError):
-        return f"backend does not implement this: {call.message}"
     opts = call_options(ctx.case)
-    if opts and isinstance(call.error, (TypeError, ValueError)):
+    if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)):
         return f"backend refused options {opts}: {call.message}"
     return None
 
 
 def problems_of(call: Call, like: Sequence[torch.Tensor]) -> Optional[str]:
     """Failure message of a call that raised or returned malformed outputs, else ``None``."""
+    if isinstance(call.error, NotImplementedError):
+        return (f"backend declined a format it declares ({call.message}); a backend may decline only formats it does not "
+                f"list in `formats` and non-default variants or options")
     if not call.ok:
         return f"backend raised {call.message}"
     bad = output_problems(call.value, like)

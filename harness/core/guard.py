@@ -17,8 +17,72 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 
-class CaseTimeout(Exception):
-    """Raised inside a backend call that ran past the per-case timeout."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by the runner's handler: ends a run like Ctrl-C does
+    (partial report, ``complete: false``, the reason), never caught as a backend failure."""
+
+
+class CaseTimeout(BaseException):
+    """Raised inside a backend call that ran past the per-case timeout.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``), so a backend's ``except Exception`` retry loop
+    cannot swallow it; and re-raised every ``REARM_S`` seconds until the call returns, so a backend
+    that catches even ``BaseException`` is interrupted again at its next Python instruction."""
+
+
+REARM_S = 1.0
+"""After the timeout fired, it fires again every this many seconds until the call ends."""
+
+
+class InputsModified(Exception):
+    """A backend call wrote to its inputs (weights, amax, gradients or the stacked tensor).
+
+    Raised out of a check after the inputs were restored to their generated bits, so the next check
+    sees exactly the tensors a one-check rerun (the record's ``repro``) would build."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        super().__init__(f"{where}: {detail}")
+        self.where = where
+        self.detail = detail
+
+
+_CHUNK = 1 << 20
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    w = _WEIGHTS.get(device)
+    if w is None:
+        w = (torch.arange(_CHUNK, dtype=torch.int64, device=device) * 2654435761) % 2147483629 + 1
+        _WEIGHTS[device] = w
+    return w[:n]
+
+
+_BIT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
+
+
+def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
+    """A position-weighted checksum of the bits of every tensor (shape, dtype and contents).
+
+    Any write that changes an element's bits changes it (up to a 2**-64 chance per write pattern);
+    the memory it needs is one chunk of ``2**20`` int64 per tensor at a time, and the time is one read
+    of the tensors, so it runs before and after every backend call at any case size.
+    """
+    heads, sums = [], []
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            heads.append(None)
+            continue
+        heads.append((tuple(t.shape), t.dtype, t.device))
+        flat = t.detach().reshape(-1)
+        if flat.dtype in _BIT_VIEW:
+            flat = flat.contiguous().view(_BIT_VIEW[flat.dtype])
+        acc = torch.zeros((), dtype=torch.int64, device=t.device)
+        for start in range(0, flat.numel(), _CHUNK):
+            c = flat[start:start + _CHUNK].to(torch.int64)
+            acc = acc + (c * _weights(c.numel(), c.device)).sum()
+        sums.append(acc.to("cpu") if acc.device.type != "cpu" else acc)
+    return tuple(heads), tuple(int(x) for x in sums)
 
 
 @dataclass(frozen=True)
@@ -37,26 +101,37 @@ class Call:
 
 @contextmanager
 def time_limit(seconds: Optional[float]) -> Iterator[None]:
-    """Raise ``CaseTimeout`` in the block after ``seconds`` (SIGALRM; main thread only, else no limit).
+    """Raise ``CaseTimeout`` in the block after ``seconds``, and again every ``REARM_S`` until it ends
+    (SIGALRM; main thread only, else no limit).
 
     The alarm interrupts Python code (e.g. the Triton interpreter) between bytecodes; a single long
     native call finishes first.
     """
     usable = seconds and seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    # (a negative or NaN limit is refused where it is given: CLI, pytest options, RunConfig)
     if not usable:
         yield
         return
 
+    done = False
+
     def _raise(signum, frame):
-        raise CaseTimeout(f"timed out after {seconds:g} s")
+        if not done:
+            raise CaseTimeout(f"timed out after {seconds:g} s")
 
     old = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, REARM_S)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        while True:  # a re-armed alarm may land in here: disarm until it sticks
+            try:
+                done = True
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+                break
+            except CaseTimeout:
+                continue
 
 
 def _describe(exc: BaseException) -> str:
@@ -74,9 +149,9 @@ def guarded(fn: Callable[[], Any], timeout_s: Optional[float]) -> Call:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         return Call(value, None, "", time.perf_counter() - start)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C and SIGTERM (``Terminated``) end the run with a partial report
         raise
-    except BaseException as exc:  # noqa: BLE001 - any backend failure is a recorded result
+    except BaseException as exc:  # noqa: BLE001 - any backend failure (and the timeout) is a recorded result
         return Call(None, exc, _describe(exc), time.perf_counter() - start)
 
 

@@ -28,6 +28,17 @@ def _csv(text: str) -> list[str]:
     return [t for t in (s.strip() for s in text.split(",")) if t]
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0 (argparse type: a usage error, exit 2, otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES
     from moe_fq_parity.reference import FORMATS
@@ -50,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                         "counting other NaN bits as their own class (nan_bits)")
     r.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"global seed (default {DEFAULT_SEED}); case seed = seed + crc32(case id)")
     r.add_argument("--baseline", type=Path, default=None, help="earlier report.json to diff against (regressions fail the run)")
-    r.add_argument("--timeout", type=float, default=CALL_TIMEOUT_S, help=f"per backend call timeout in seconds (default {CALL_TIMEOUT_S:g}; 0: none)")
+    r.add_argument("--timeout", type=_seconds, default=CALL_TIMEOUT_S, help=f"per backend call timeout in seconds (default {CALL_TIMEOUT_S:g}; 0: none)")
     perf = r.add_mutually_exclusive_group()
     perf.add_argument("--perf", dest="perf", action="store_true", default=None, help="record timings (default: on with CUDA)")
     perf.add_argument("--no-perf", dest="perf", action="store_false")
@@ -92,7 +103,7 @@ def _select_cases(args) -> tuple:
         try:
             picked = tuple(parse_case(cid) for cid in args.case)
         except ValueError as exc:
-            raise SystemExit(f"error: {exc}")
+            raise ValueError(f"--case: {exc}") from None
         return select(picked, patterns=args.cases, formats=args.formats)
     return select(suite(args.suite), patterns=args.cases, formats=args.formats)
 
@@ -117,8 +128,14 @@ def _cmd_run(args) -> int:
 
     from moe_fq_parity.harness.backends import BackendLoadError, load_all
     from moe_fq_parity.harness.checks import DEFAULT_CHECKS
-    from .runner import RunConfig, run
+    from .runner import RunConfig, run, validate_config
 
+    sections = () if args.no_sections else (tuple(args.sections) if args.sections is not None else None)
+    try:  # every argument is checked before anything is written: a typo never touches an earlier report
+        validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     specs = [s for arg in args.backend for s in _csv(arg)]
     try:
         backends = tuple(load_all(specs or None))
@@ -132,7 +149,11 @@ def _cmd_run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    selection = _select_cases(args)
+    try:
+        selection = _select_cases(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not selection:
         print("error: no case matches the selection", file=sys.stderr)
         return 2
@@ -154,7 +175,7 @@ def _cmd_run(args) -> int:
         suite=args.suite if not args.case else "custom", cases=cases, backends=backends,
         checks=tuple(args.checks) if args.checks else DEFAULT_CHECKS, out_dir=args.out, seed=args.seed, mode=args.mode,
         timeout_s=args.timeout or None, perf=torch.cuda.is_available() if args.perf is None else args.perf,
-        sections=() if args.no_sections else (tuple(args.sections) if args.sections is not None else None),
+        sections=sections,
         baseline=baseline, baseline_path=str(args.baseline or ""), progress=not args.no_progress,
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
         nan_bits=args.nan_bits,
@@ -225,7 +246,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     prepare()
     args = _parser().parse_args(argv)
-    return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest, "merge": _cmd_merge}[args.command](args)
+    try:
+        return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest, "merge": _cmd_merge}[args.command](args)
+    except BrokenPipeError:  # e.g. `moe-fq-parity list | head`: the reader left; no traceback, and never a pass
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def console_main() -> None:

@@ -3,7 +3,12 @@
 A regression is: a record that passed and now fails; a record that was exact and is not (even if it
 still passes under ``1-ulp``); a failing record that is new; a check that ran out of memory (outcome
 ``oom``: no verdict, named as such); a section row that passed and now fails; a slowdown beyond
-``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).
+``tolerances.SLOWDOWN_THRESHOLD`` (median time, same backend and case).  Lost coverage is a regression
+too, so a run that died early or checked less cannot pass the gate: a new report that is incomplete
+(``complete: false``: interrupted, terminated or died), a report of another suite than the baseline,
+a record or section row of the baseline missing from the new report, a record or row that passed and
+is now skipped.  A new report that lists its cases (``meta.cases``: a run of selected cases) is compared
+on those cases only, the others named as a change.
 
 When the new report is one shard of a sharded run (``meta.shard``) and the old one is not, only the
 old records of the shard's cases are compared.  Merged reports (``moe-fq-parity merge``) compare like
@@ -16,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_fq_parity.harness.core.tolerances import SLOWDOWN_THRESHOLD
+
+
+MAX_LISTED = 50
+"""Missing records listed one by one (the rest counted in one line)."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +58,22 @@ def planned_cases(shard: dict[str, Any]) -> set[str]:
 def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = SLOWDOWN_THRESHOLD) -> Diff:
     """What changed from ``old`` to ``new`` (both report dicts)."""
     d = Diff()
+    if not new.get("complete", True):
+        d.regressions.append(f"the new report is incomplete ({new.get('error') or 'no reason recorded'}): a run that did not finish cannot pass")
+    old_suite, new_suite = old.get("meta", {}).get("suite"), new.get("meta", {}).get("suite")
+    if old_suite != new_suite:
+        d.regressions.append(f"the new report is of suite {new_suite!r}, the baseline of suite {old_suite!r}: not the same cases")
+    if old["records"] and not new["records"]:
+        d.regressions.append(f"the new report has no records (the baseline has {len(old['records'])})")
     old_r = {r["key"]: r for r in old["records"]}
     new_r = {r["key"]: r for r in new["records"]}
+    planned = new.get("meta", {}).get("cases")
+    if planned is not None and not new.get("meta", {}).get("shard"):  # a run of selected cases: compare those
+        chosen = set(planned)
+        outside = {r["case_id"] for r in old_r.values()} - chosen
+        if outside:
+            d.changes.append(f"{len(outside)} baseline cases are outside the new run's selection and not compared")
+        old_r = {k: r for k, r in old_r.items() if r["case_id"] in chosen}
     shard = new.get("meta", {}).get("shard")
     if shard and not old.get("meta", {}).get("shard"):
         mine = planned_cases(shard)
@@ -71,6 +94,8 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
             d.regressions.append(f"pass -> fail: {key} ({n['message']})")
         elif o["verdict"] == "fail" and n["verdict"] == "pass":
             d.improvements.append(f"fail -> pass: {key}")
+        elif o["verdict"] == "pass" and n["verdict"] == "skip":
+            d.regressions.append(f"pass -> skip (coverage lost): {key} ({n['message']})")
         elif _exact(o) and n["verdict"] == "pass" and not _exact(n):
             d.regressions.append(f"exact -> not exact: {key} (max {n['max_ulp']} ULP, {n['counts']})")
         elif o["verdict"] != n["verdict"]:
@@ -82,17 +107,26 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
                 d.regressions.append(f"slowdown beyond {slowdown:.0%}: {text}")
             elif ratio < 1 - slowdown:
                 d.improvements.append(f"speedup: {text}")
-    for key in old_r.keys() - new_r.keys():
-        d.changes.append(f"missing in new report: {key}")
+    missing = sorted(old_r.keys() - new_r.keys())
+    for key in missing[:MAX_LISTED]:
+        d.regressions.append(f"missing in new report (coverage lost): {key}")
+    if len(missing) > MAX_LISTED:
+        d.regressions.append(f"... and {len(missing) - MAX_LISTED} more records missing in the new report")
     old_s, new_s = _section_rows(old), _section_rows(new)
+    if shard and not old.get("meta", {}).get("shard"):  # a shard runs only its share of the sections
+        ran = {s["name"] for s in new.get("sections", [])}
+        old_s = {k: r for k, r in old_s.items() if k.split(":", 1)[0] in ran}
     for key, n in new_s.items():
         o = old_s.get(key)
         if n["verdict"] == "fail" and (o is None or o["verdict"] != "fail"):
             d.regressions.append(f"section {'new fail' if o is None else o['verdict'] + ' -> fail'}: {key} ({n.get('message', '')})")
         elif o is not None and o["verdict"] == "fail" and n["verdict"] == "pass":
             d.improvements.append(f"section fail -> pass: {key}")
-    if not new.get("complete", True):
-        d.changes.append("the new report is incomplete")
+        elif o is not None and o["verdict"] == "pass" and n["verdict"] == "skip":
+            d.regressions.append(f"section pass -> skip (coverage lost): {key} ({n.get('message', '')})")
+    for key in sorted(old_s.keys() - new_s.keys())[:MAX_LISTED]:
+        if old_s[key]["verdict"] != "skip":
+            d.regressions.append(f"section row missing in new report (coverage lost): {key}")
     return d
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import pytest
 
+from moe_fq_parity.harness.checks import DEFAULT_CHECKS
+
 from .pytest_plugin import assert_record
 
-PARITY_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped")
-"""The checks of the ready test (``perf`` and ``invariant.recalibrate`` run in ``moe-fq-parity run``)."""
+PARITY_CHECKS = DEFAULT_CHECKS
+"""The checks of the ready test: exactly those of ``moe-fq-parity run`` (``perf`` is timing, not parity)."""
 
 
 @pytest.mark.parametrize("check", PARITY_CHECKS)

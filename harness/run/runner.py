@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -22,10 +26,81 @@ from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes,
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
+from moe_fq_parity.harness.core.guard import Terminated
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness import sections as report_sections
 
-EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_USAGE = 2
+
+LOCK_NAME = ".parity-run.lock"
+"""Lock file in ``--out``: one run writes a report directory at a time (``out_lock``)."""
+
+
+class OutDirBusy(RuntimeError):
+    """Another run holds the lock of the output directory."""
+
+
+@contextmanager
+def out_lock(out_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``out_dir/.parity-run.lock`` (created), or raise ``OutDirBusy``
+    naming the holder's pid at once: two runs never write one report.json/report.html pair."""
+    import fcntl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise OutDirBusy(f"another run (pid {holder}) is writing to {out_dir}; wait for it or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the main thread, SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) so the run ends with
+    a partial, valid report saying so, as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _term(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def validate_config(checks: Sequence[str], sections: Optional[Sequence[str]], timeout_s: Optional[float], nan_bits: str, mode: str) -> None:
+    """``ValueError`` naming the argument and the accepted values for anything a run would reject
+    later; called before anything is written, so a typo never touches an earlier report."""
+    from moe_fq_parity.harness.checks import CHECKS
+    from moe_fq_parity.harness.core.equality import NAN_BITS_MODES
+    from moe_fq_parity.harness.core.tolerances import VERDICT_MODES
+
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise ValueError(f"--checks: unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    if sections is not None:
+        bad = [s for s in sections if s not in report_sections.SECTION_RUNNERS]
+        if bad:
+            raise ValueError(f"--sections: unknown sections {bad}; known: {', '.join(report_sections.SECTION_RUNNERS)}")
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s >= 0 and timeout_s != float("inf")):
+        raise ValueError(f"--timeout: seconds >= 0 expected (0: no limit), got {timeout_s!r}")
+    if nan_bits not in NAN_BITS_MODES:
+        raise ValueError(f"--nan-bits: one of {', '.join(NAN_BITS_MODES)} expected, got {nan_bits!r}")
+    if mode not in VERDICT_MODES:
+        raise ValueError(f"--mode: one of {', '.join(VERDICT_MODES)} expected, got {mode!r}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +127,9 @@ class RunConfig:
     selection: tuple[Case, ...] = ()
     nan_bits: str = DEFAULT_NAN_BITS
     """NaN policy of every comparison (``harness.core.equality``)."""
+
+    def __post_init__(self) -> None:
+        validate_config(self.checks, self.sections, self.timeout_s, self.nan_bits, self.mode)
 
     def chosen_sections(self) -> tuple[str, ...]:
         """The report sections of the whole run (all shards together)."""
@@ -129,7 +207,17 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float])
 
 
 def run(cfg: RunConfig) -> int:
-    """Run ``cfg`` and return the exit code (0 only when every check passed)."""
+    """Run ``cfg`` and return the exit code (0 only when every check passed; 2 when another run is
+    writing to the same ``out_dir``; 130 on Ctrl-C and 143 on SIGTERM, each with a partial report)."""
+    try:
+        with out_lock(cfg.out_dir), sigterm_as_interrupt():
+            return _run_locked(cfg)
+    except OutDirBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_locked(cfg: RunConfig) -> int:
     device = _run_device(cfg.backends)
     copy_gbps = None
     if cfg.perf:
@@ -138,7 +226,7 @@ def run(cfg: RunConfig) -> int:
         copy_gbps = copy_bandwidth_gbps(device)
     meta = run_meta(device) | {
         "copy_gbps": copy_gbps, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}), "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
-        "backends": [b.to_json() for b in cfg.backends], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits, "started": now_iso(),
+        "backends": [b.to_json() for b in cfg.backends], "cases": [c.id for c in cfg.cases], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits, "started": now_iso(),
         "finished": None, "source": "cli", "argv": list(cfg.argv), "cases_planned": len(cfg.cases), "timeout_s": cfg.timeout_s,
     }
     if cfg.shard is not None:
@@ -146,14 +234,20 @@ def run(cfg: RunConfig) -> int:
     writer = ReportWriter(cfg.out_dir, meta)
     writer.write_json()
     try:
+        writer.write_html()
         _run_cases(cfg, writer, copy_gbps)
         names = cfg.section_names()
         writer.set_sections(report_sections.run_sections(cfg.suite, cfg.seed, str(device), names) if names else [])
         if cfg.baseline is not None:
+            writer.report["complete"] = True  # everything ran: the diff sees a complete report
             diff = diff_reports(cfg.baseline, writer.report)
             writer.set_baseline(diff.to_json(cfg.baseline_path))
             print(format_diff(diff))
         writer.finish(complete=True)
+    except Terminated:
+        writer.finish(complete=False, error="terminated (SIGTERM)")
+        print(f"terminated: partial report in {writer.json_path}", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         writer.finish(complete=False, error="interrupted (KeyboardInterrupt)")
         print(f"interrupted: partial report in {writer.json_path}", file=sys.stderr)

@@ -87,7 +87,7 @@ def test_accepting_what_the_spec_rejects_fails():
     assert rec.verdict == "fail" and "rejects" in rec.message
 
 
-def test_not_implemented_is_a_skip_with_reason():
+def test_not_implemented_is_a_skip_with_reason_unless_the_format_is_declared():
     class Partial:
         name, formats = "partial", {"int8"}
 
@@ -97,8 +97,10 @@ def test_not_implemented_is_a_skip_with_reason():
     from moe_fq_parity.harness import backends as hb
 
     lb = hb.LoadedBackend("partial", Partial(), True, "", "cpu")
+    rec = run_case_checks(CheckContext(lb, make_inputs(_case(variant="eager")), 1), ["forward"])[0]
+    assert rec.verdict == "skip" and "no such variant" in rec.message  # a non-default variant may be declined
     rec = run_case_checks(CheckContext(lb, make_inputs(_case()), 1), ["forward"])[0]
-    assert rec.verdict == "skip" and "no such variant" in rec.message
+    assert rec.verdict == "fail" and "declined a format it declares" in rec.message  # int8 is declared
     rec = run_case_checks(CheckContext(lb, make_inputs(_case(fmt="fp8_e4m3")), 1), ["forward", "backward.clipped"])
     assert [r.verdict for r in rec] == ["skip", "skip"]
 

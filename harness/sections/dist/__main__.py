@@ -8,17 +8,40 @@ rows; exit status 1 when any row fails.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
+from pathlib import Path
 
 from moe_fq_parity.reports.schema import dumps
 
 from .layout import matrix_layouts, parse_layout
+from .engines import ENGINES
 from .matrix import DistPlan, run_plan
 
 
 def _layouts(text: str) -> tuple:
-    return tuple(parse_layout(t.strip()) for t in text.split(",") if t.strip())
+    """Comma-separated layout ids (argparse type: a usage error, exit 2, for a bad or empty list)."""
+    try:
+        found = tuple(parse_layout(t.strip()) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not found:
+        raise argparse.ArgumentTypeError(f"no layout in {text!r}; expected ids like tp1ep2,tp2ep4")
+    return found
+
+
+def _json_path(text: str) -> Path:
+    """A file path whose folder exists and is writable (checked before the run, not after it)."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file path")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text!r} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--engine", choices=("dcp", "megatron"), default="dcp")
-    ap.add_argument("--json", default=None, help="write the rows as JSON to this file")
+    ap.add_argument("--json", type=_json_path, default=None, help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
-    every = tuple(matrix_layouts(args.max_world))
-    plan = DistPlan(args.seed, args.save or every, args.load or every, device=args.device, engine=args.engine)
+    try:  # every argument is checked before any rank starts
+        every = tuple(matrix_layouts(args.max_world)) if args.save is None or args.load is None else ()
+        plan = DistPlan(args.seed, args.save or every, args.load or every, device=args.device, engine=args.engine)
+        plan.validate()
+    except ValueError as exc:
+        ap.error(f"{exc}" if "max_world" not in str(exc) else f"--max-world: {exc}")
+    ok, why = ENGINES[args.engine].available(args.device)
+    if not ok:
+        print(f"error: engine {args.engine} is unavailable here: {why}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="parity-dist-") as workdir:
         verdicts = run_plan(plan, workdir)
     for v in verdicts:

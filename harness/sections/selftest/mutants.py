@@ -212,6 +212,20 @@ def _drop_last_grad(self, weights, amax, grads, fmt, mode):
     return out
 
 
+def _writes_into_inputs(self, weights, amax, fmt, **options):
+    out = R.fake_quant_experts(weights, amax, fmt, **options)
+    with torch.no_grad():
+        for w, y in zip(weights, out):  # the outputs are right; the inputs are overwritten with them
+            w.copy_(y)
+    return out
+
+
+def _declines_nvfp4(self, weights, amax, fmt, **options):
+    if fmt == "nvfp4":  # listed in ``formats`` but never implemented: the coverage silently vanishes
+        raise NotImplementedError("nvfp4 is not implemented yet")
+    return R.fake_quant_experts(weights, amax, fmt, **options)
+
+
 def build_mutants() -> list[Mutant]:
     """Fresh instances of every built-in mutant (fresh caches), over the formats registered now:
     the INT mutants apply to every INT format (``_int_fq`` takes its grid from the registry), the
@@ -236,4 +250,7 @@ def build_mutants() -> list[Mutant]:
         Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", all_formats, _stale_cache),
         Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", all_formats, None, _clipped_lt),
         Mutant("pass-through-drops-last", "pass-through gradient of the last expert dropped", all_formats, None, _drop_last_grad),
+        Mutant("writes-into-inputs", "correct outputs, but written into the input weights too (w.copy_(out))", all_formats, _writes_into_inputs),
+        Mutant("declared-then-declined", "declares nvfp4 in formats, then raises NotImplementedError for it", {"nvfp4"} & all_formats | ints,
+               _declines_nvfp4),
     ]
