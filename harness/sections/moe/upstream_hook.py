@@ -24,8 +24,9 @@ from typing import Callable, Optional
 
 import torch
 
+from moe_fq_parity.cases.inputs import seed_for_id
+
 from .compare import RowSink
-from .data import case_seed
 from .layers import GroupedLinearTwin
 from .roles import Role
 
@@ -73,7 +74,7 @@ EXPECTED: dict[str, tuple[str, ...] | str] = {
 
 def case_state_dict(case: HookCase, seed: int = 0) -> dict[str, torch.Tensor]:
     """Distinct values for every key of ``case`` (so a moved or overwritten tensor is visible),
-    drawn from ``seed`` (the rows use ``case_seed(section seed, "megatron_hook/{case}")``)."""
+    drawn from ``seed`` (the rows use ``seed_for_id("megatron_hook/{case}", section seed)``)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, OUT, IN, generator=g)
     b = torch.randn(N, OUT, generator=g)
@@ -175,6 +176,6 @@ def backend_rows(sink: RowSink, name: str) -> None:
     for case in HOOK_CASES:
         check = f"megatron_hook/{case.name}"
         with sink.guard(role, check):
-            sd = case_state_dict(case, case_seed(sink.seed, f"megatron_hook/{case.name}"))
+            sd = case_state_dict(case, seed_for_id(f"megatron_hook/{case.name}", sink.seed))
             diff = outcome_diff(run_upstream(hooks, case, sd), run_ours(case, sd))
             sink.add(role, check, ok=not diff, expected="upstream hook and ours leave the same keys and bits", measured=diff or "same", detail=diff)
