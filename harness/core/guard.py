@@ -124,7 +124,8 @@ def time_limit(seconds: Optional[float]) -> Iterator[None]:
     try:
         yield
     finally:
-        while True:  # a re-armed alarm may land in here: disarm until it sticks
+        pending: Optional[BaseException] = None
+        while True:  # a re-armed alarm (or Ctrl-C) may land in here: disarm until it sticks, then re-raise
             try:
                 done = True
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -132,6 +133,10 @@ def time_limit(seconds: Optional[float]) -> Iterator[None]:
                 break
             except CaseTimeout:
                 continue
+            except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt/Terminated: raised once disarmed
+                pending = exc
+        if pending is not None:
+            raise pending
 
 
 def _describe(exc: BaseException) -> str:

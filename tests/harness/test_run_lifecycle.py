@@ -82,7 +82,7 @@ def test_missing_records_and_pass_to_skip_are_regressions(baseline):
 
 
 def test_a_killed_run_fails_its_gate(tmp_path, baseline):
-    """The issue's repro: a run interrupted early, then compared with the baseline."""
+    """A nightly that died early (Ctrl-C after a second), compared with the baseline, fails its gate."""
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--suite", "smoke", "--backend", f"{HOSTILE}:slow",
