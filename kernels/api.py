@@ -162,6 +162,11 @@ def ste_backward_experts(
         _validate_pairs(weights, grads, kernel=False)
         amax_for_list(amax, [expert_matrix_shape(w)[0] for w in weights], weights[0].device, nvfp4=False)
         return list(grads)
+    return _clipped_launch(weights, grads, amax)
+
+
+def _clipped_launch(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
+    """The clipped-STE kernel over an expert list (validated on a table-cache miss); one launch."""
     table = launch.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
     flat, outs = launch.alloc_outputs(table, grads[0].dtype, table.device)

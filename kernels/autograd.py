@@ -18,7 +18,7 @@ import torch
 
 from . import checks, launch
 from .amax import amax_for_rows
-from .api import STE_MODES, _validate_list, _validate_pairs, cached_spec
+from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec
 from .formats import FMT_NVFP4
 
 
@@ -68,7 +68,7 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             gs = [grads[i].contiguous() for i in live]
             a = amax[live]
         if ctx.use_kernel:
-            res = _clipped_kernel(ws, gs, a)
+            res = _clipped_launch(ws, gs, a)
         else:
             res = _reference().ste_backward_experts(ws, a, gs, "clipped")
         for i, r in zip(live, res):
@@ -76,13 +76,6 @@ class FakeQuantExpertsFn(torch.autograd.Function):
         return head + tuple(out)
 
 
-def _clipped_kernel(ws: list[torch.Tensor], gs: list[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
-    table = launch.table_for(ws, gs, validate=lambda: _validate_pairs(ws, gs))
-    view = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
-    flat, outs = launch.alloc_outputs(table, gs[0].dtype, table.device)
-    if table.total:
-        launch.bwd_list(table, ws, gs, flat, view)
-    return outs
 
 
 def fake_quant_experts_ste(
