@@ -18,7 +18,7 @@ from moe_fq_parity.harness.core.guard import InputsModified
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 
 from .backward import check_backward
-from .common import CheckContext, record
+from .common import CheckContext, inputs_unchanged, record
 from .forward import Expected, check_forward, expected_forward
 from .invariants import check_grouped, check_layout, check_recalibrate
 from .perf import check_perf
@@ -45,7 +45,7 @@ def measured(ctx: CheckContext, check: str, fn: Callable[[], CheckRecord]) -> Ch
     start_peak(device)
     failure: Optional[tuple[str, str]] = None
     try:
-        rec = fn()
+        rec = inputs_unchanged(ctx, fn)
     except InputsModified as exc:
         return replace(record(ctx, check, "fail", exc.detail), peak_bytes=peak_since(device, base))
     except CheckOutOfMemory as exc:
@@ -86,7 +86,7 @@ def run_case_checks(ctx: CheckContext, checks: Iterable[str], expected: Optional
         else:
             out.append(measured(ctx, name, lambda: fn(ctx)))
     if "perf" in wanted:
-        out.append(measured(ctx, "perf", lambda: check_perf(ctx, forward_verdict)))
+        out.append(measured(ctx, "perf", lambda: check_perf(ctx, forward_verdict, expected.loop_us if expected is not None else None)))
     return out
 
 

@@ -90,30 +90,39 @@ def restore_inputs(ctx: CheckContext) -> None:
 
 
 def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
-    """``guarded(fn)`` with the case's inputs checked bit for bit around it.
+    """``guarded(fn)``; a backend that ran out of memory raises ``CheckOutOfMemory`` out of the check
+    (its record becomes ``oom``, never a parity verdict) after its traceback's frames are dropped.
 
-    A backend that ran out of memory raises ``CheckOutOfMemory`` out of the check (its record becomes
-    ``oom``, never a parity verdict) after its traceback's frames are dropped.  A backend that wrote to
-    its inputs (weights, amax, gradients: ``harness.core.guard.fingerprint`` before and after) raises
-    ``InputsModified`` out of the check, after the inputs were restored (``restore_inputs``), so every
-    check starts from the generated inputs, as its one-check repro does.
+    Writes to the inputs are caught per check, around all of the check's calls (``inputs_unchanged``).
     """
-    tensors = _input_tensors(ctx.inputs)
-    before = fingerprint(tensors)
     call = guarded(fn, ctx.timeout_s)
-    after = fingerprint(tensors)
-    if after != before:
-        what = _modified(ctx.inputs, before, after)
-        detail = f"the backend wrote to its inputs ({what}); a backend must leave weights, amax and gradients untouched"
-        del call
-        restore_inputs(ctx)
-        raise InputsModified("the backend call", detail)
     if call.error is not None and is_oom(call.error):
         message = call.message
         forget(call.error)
         del call
         raise CheckOutOfMemory("the backend call", message)
     return call
+
+
+def inputs_unchanged(ctx: CheckContext, fn: Callable[[], CheckRecord]) -> CheckRecord:
+    """``fn()`` (one check), with the case's inputs checked bit for bit before and after it.
+
+    A backend that wrote to its inputs (weights, amax, gradients, the stacked tensor:
+    ``harness.core.guard.fingerprint``) raises ``InputsModified`` after the inputs were restored
+    (``restore_inputs``), so every check starts from the generated inputs, as its one-check repro
+    does.  Cost: two fingerprints per check (one read of the inputs and one synchronisation each).
+    """
+    tensors = _input_tensors(ctx.inputs)
+    before = fingerprint(tensors)
+    rec = fn()
+    after = fingerprint(tensors)
+    if after != before:
+        what = _modified(ctx.inputs, before, after)
+        detail = f"the backend wrote to its inputs ({what}); a backend must leave weights, amax and gradients untouched"
+        del rec
+        restore_inputs(ctx)
+        raise InputsModified("a backend call of this check", detail)
+    return rec
 
 
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:

@@ -46,14 +46,19 @@ class InputsModified(Exception):
         self.detail = detail
 
 
-_CHUNK = 1 << 20
+_SMALL = 1 << 20
+"""Tensors of at most this many elements are checksummed together, in batches (few launches for many experts)."""
+_BATCH = 1 << 22
+"""Elements per batch of small tensors, and the largest chunk of a large tensor."""
+_CHUNK_MIX = 1000003
+"""Odd multiplier combining the chunk sums of a large tensor (mod 2**64)."""
 _WEIGHTS: dict[torch.device, torch.Tensor] = {}
 
 
 def _weights(n: int, device: torch.device) -> torch.Tensor:
     w = _WEIGHTS.get(device)
-    if w is None:
-        w = (torch.arange(_CHUNK, dtype=torch.int64, device=device) * 2654435761) % 2147483629 + 1
+    if w is None or w.numel() < n:
+        w = (torch.arange(max(n, _BATCH), dtype=torch.int64, device=device) * 2654435761) % 2147483629 + 1
         _WEIGHTS[device] = w
     return w[:n]
 
@@ -61,28 +66,87 @@ def _weights(n: int, device: torch.device) -> torch.Tensor:
 _BIT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    return flat.contiguous().view(_BIT_VIEW[flat.dtype]) if flat.dtype in _BIT_VIEW else flat
+
+
+def _large_sum(flat: torch.Tensor) -> torch.Tensor:
+    """Position-weighted int64 sum of one large tensor's bits, in chunks of at most ``numel / 8``
+    elements (so the int64 temporary is at most the tensor's own bytes for 2-byte dtypes)."""
+    chunk = min(_BATCH, max(_SMALL, flat.numel() // 8))
+    acc = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, flat.numel(), chunk):
+        c = flat[start:start + chunk].to(torch.int64)
+        # the chunks' sums are combined as a polynomial, so equal offsets in two chunks weigh differently
+        acc = acc * _CHUNK_MIX + c.mul_(_weights(c.numel(), c.device)).sum()
+    return acc
+
+
+def _batch_sums(flats: list[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor position-weighted int64 sums of small same-dtype tensors, with a few launches:
+    one concatenation, one weighted cumulative sum, one gather of the segment ends."""
+    sizes = [f.numel() for f in flats]
+    device = flats[0].device
+    v = torch.cat(flats).to(torch.int64)
+    v.mul_(_weights(v.numel(), device))
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), v.cumsum(0)])
+    ends, pos = [], 0
+    for n in sizes:
+        pos += n
+        ends.append(pos)
+    ends_t = torch.tensor(ends, dtype=torch.int64).to(device, non_blocking=True)
+    starts_t = ends_t - torch.tensor(sizes, dtype=torch.int64).to(device, non_blocking=True)
+    return csum[ends_t] - csum[starts_t]  # int64 arithmetic wraps: the sums are equal mod 2**64 or not
+
+
 def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
     """A position-weighted checksum of the bits of every tensor (shape, dtype and contents).
 
-    Any write that changes an element's bits changes it (up to a 2**-64 chance per write pattern);
-    the memory it needs is one chunk of ``2**20`` int64 per tensor at a time, and the time is one read
-    of the tensors, so it runs before and after every backend call at any case size.
+    Any write that changes an element's bits changes it (up to a 2**-64 chance per write pattern).
+    Cost: one read of the tensors and one device synchronisation per call, whatever the number of
+    tensors (small ones, up to ``_SMALL`` elements, are summed in batches of ``_BATCH`` elements:
+    about 6 launches per batch); memory: an int64 temporary of at most ``_BATCH`` elements, or of a
+    large tensor's ``numel / 8``, at a time.
     """
-    heads, sums = [], []
-    for t in tensors:
+    heads: list = []
+    sums: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    pending: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+
+    def flush(key: tuple) -> None:
+        batch = pending.pop(key, [])
+        if batch:
+            out = _batch_sums([f for _, f in batch])
+            for k, (i, _) in enumerate(batch):
+                sums[i] = out[k]
+
+    for i, t in enumerate(tensors):
         if t is None or not isinstance(t, torch.Tensor):
             heads.append(None)
             continue
         heads.append((tuple(t.shape), t.dtype, t.device))
-        flat = t.detach().reshape(-1)
-        if flat.dtype in _BIT_VIEW:
-            flat = flat.contiguous().view(_BIT_VIEW[flat.dtype])
-        acc = torch.zeros((), dtype=torch.int64, device=t.device)
-        for start in range(0, flat.numel(), _CHUNK):
-            c = flat[start:start + _CHUNK].to(torch.int64)
-            acc = acc + (c * _weights(c.numel(), c.device)).sum()
-        sums.append(acc.to("cpu") if acc.device.type != "cpu" else acc)
-    return tuple(heads), tuple(int(x) for x in sums)
+        flat = _bits(t)
+        if flat.numel() > _SMALL:
+            sums[i] = _large_sum(flat)
+            continue
+        key = (flat.device, flat.dtype)
+        batch = pending.setdefault(key, [])
+        if batch and sum(f.numel() for _, f in batch) + flat.numel() > _BATCH:
+            flush(key)
+            batch = pending.setdefault(key, [])
+        batch.append((i, flat))
+    for key in list(pending):
+        flush(key)
+    values: list[Optional[int]] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, s in enumerate(sums):
+        if s is not None:
+            by_device.setdefault(s.device, []).append(i)
+    for idx in by_device.values():
+        host = torch.stack([sums[i] for i in idx]).cpu().tolist()  # the one synchronisation per device
+        for i, v in zip(idx, host):
+            values[i] = v
+    return tuple(heads), tuple(values)
 
 
 @dataclass(frozen=True)
