@@ -8,6 +8,7 @@ must reject it too.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,6 +38,9 @@ class Expected:
 
     outputs: Optional[list[torch.Tensor]]
     error: Optional[str]
+    loop_us: Optional[float] = None
+    """Wall time of this per-expert reference loop, microseconds (host clock, device synchronised
+    at the end): the eager-loop baseline of the ``perf`` check, so timing it costs no extra call."""
 
 
 def expected_forward(inputs) -> Expected:
@@ -45,12 +49,15 @@ def expected_forward(inputs) -> Expected:
     Memory: the outputs plus one expert's fp32 temporaries at a time.
     """
     case = inputs.case
+    start = time.perf_counter()
     try:
         per = split_expert_amax(inputs.weights, inputs.amax)
         outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
-    return Expected(outputs, None)
+    if inputs.amax.device.type == "cuda":
+        torch.cuda.synchronize(inputs.amax.device)
+    return Expected(outputs, None, (time.perf_counter() - start) * 1e6)
 
 
 def trace_expert(inputs, e: int) -> FakeQuantResult:

@@ -48,3 +48,22 @@ def test_bandwidth_picture_is_per_expert_shape() -> None:
     assert bandwidth_vs_bytes_png([], 3000.0) is None
     png = base64.b64decode(bandwidth_vs_bytes_png(pts, 3000.0))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_perf_record_takes_the_reference_loop_time_of_the_expected_outputs() -> None:
+    """``loop_us`` is the time of the reference loop that built the expected outputs (no extra call)."""
+    from moe_fq_parity.cases import make_inputs, parse_case
+    from moe_fq_parity.harness.backends import load
+    from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
+
+    lb = load("triton")
+    if not lb.available:
+        pytest.skip(lb.why_not)
+    inputs = make_inputs(parse_case("int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"), 1234, lb.device or "cpu")
+    expected = expected_forward(inputs)
+    assert expected.loop_us is not None and expected.loop_us > 0
+    perf = [r for r in run_case_checks(CheckContext(lb, inputs, 1234, copy_gbps=100.0), ["forward", "perf"], expected) if r.check == "perf"][0]
+    assert perf.verdict == "pass", perf.message
+    assert perf.perf.loop_us == expected.loop_us
+    assert perf.perf.speedup_vs_loop == pytest.approx(expected.loop_us / perf.perf.time_us)
+    assert "x the per-expert eager loop" in perf.message
