@@ -56,21 +56,32 @@ def write_report(out_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Pat
     return json_path, html_path
 
 
+WRITE_SHARE = 0.05
+"""Periodic rewrites of ``report.json`` take at most about this share of a run's time (the interval
+between them grows with the report: at least ``1 / WRITE_SHARE`` x the last write's duration)."""
+
+
 class ReportWriter:
-    """Accumulates records and sections and writes ``out_dir/report.json`` (and ``report.html``)."""
+    """Accumulates records and sections and writes ``out_dir/report.json`` (and ``report.html``).
+
+    Periodic writes (while records arrive) are compact JSON; the final one is indented.
+    ``write_s`` sums the time spent writing JSON.
+    """
 
     def __init__(self, out_dir: str | Path, meta: dict[str, Any], *, interval_s: float = 2.0) -> None:
         self.out_dir = Path(out_dir)
         self.report = new_report(meta)
         self.interval_s = interval_s
+        self._interval = interval_s
         self._last = 0.0
+        self.write_s = 0.0
         self.json_path = self.out_dir / "report.json"
         self.html_path = self.out_dir / "report.html"
 
     def add(self, records: Iterable[dict[str, Any]]) -> None:
         self.report["records"].extend(records)
-        if time.monotonic() - self._last >= self.interval_s:
-            self.write_json()
+        if time.monotonic() - self._last >= self._interval:
+            self.write_json(compact=True)
 
     def set_sections(self, sections: list[dict[str, Any]]) -> None:
         self.report["sections"] = sections
@@ -79,9 +90,13 @@ class ReportWriter:
     def set_baseline(self, baseline: Optional[dict[str, Any]]) -> None:
         self.report["baseline"] = baseline
 
-    def write_json(self) -> None:
-        atomic_write_text(self.json_path, dumps(self.report))
+    def write_json(self, *, compact: bool = False) -> None:
+        start = time.monotonic()
+        atomic_write_text(self.json_path, dumps(self.report, indent=None if compact else 1))
         self._last = time.monotonic()
+        took = self._last - start
+        self.write_s += took
+        self._interval = max(self.interval_s, took / WRITE_SHARE) if self.interval_s > 0 else 0.0  # 0: every add
 
     def finish(self, *, complete: bool, error: Optional[str] = None, html: bool = True) -> None:
         """Write the final JSON (``complete``/``error`` set) and, unless ``html=False``, the HTML."""

@@ -90,3 +90,31 @@ def test_variant_match_json_is_strict(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = _strict(path.read_text())
     assert data and {"nan", "inf", "-inf"} & _nonfinite_strings(data)
+
+
+def test_periodic_writes_are_compact_and_spaced_by_their_cost(tmp_path, monkeypatch):
+    """A slow write widens the interval (periodic writes stay ~WRITE_SHARE of the run); the final
+    write is indented, the periodic ones are compact, and both parse strictly."""
+    import time as _time
+
+    from moe_fq_parity.reports import writer as w
+    from moe_fq_parity.reports.schema import loads_strict
+
+    real = w.atomic_write_text
+    writes: list[str] = []
+
+    def slow(path, text):
+        writes.append(text)
+        _time.sleep(0.05)
+        real(path, text)
+
+    monkeypatch.setattr(w, "atomic_write_text", slow)
+    rw = w.ReportWriter(tmp_path, {"suite": "x"}, interval_s=0.01)
+    rw.add([{"n": 1, "x": float("nan")}])
+    assert len(writes) == 1 and "\n" not in writes[0]
+    assert rw._interval >= 0.05 / w.WRITE_SHARE
+    rw.add([{"n": 2}])  # within the widened interval: no write
+    assert len(writes) == 1
+    rw.finish(complete=True, html=False)
+    assert "\n" in writes[-1] and rw.write_s >= 0.1
+    assert loads_strict(writes[-1])["records"][0]["x"] == "nan"
