@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,18 +157,26 @@ def _input_failure(case: Case, backend: LoadedBackend, seed: int, exc: BaseExcep
 
 
 def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
-                  copy_gbps: Optional[float]) -> list[CheckRecord]:
+                  copy_gbps: Optional[float], phases: dict[str, float]) -> list[CheckRecord]:
     """Every record of ``case`` on the backends of one device; the case's tensors are dropped on return.
 
     Out of memory while building the inputs or the reference outputs gives ``oom`` records (the
-    memory is released first, so the message's "free" is what the next case gets).
+    memory is released first, so the message's "free" is what the next case gets).  ``phases``
+    accumulates wall seconds: ``inputs``, ``reference`` (the expected outputs), ``checks`` (all
+    checks, guards and comparisons included) and, within those, ``backend_calls``.
     """
     dev = torch.device(device)
     base = allocated(dev)
     oom_detail = None
     try:
+        t0 = time.perf_counter()
         inputs = make_inputs(case, cfg.seed, device)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
         expected = expected_forward(inputs)
+        phases["inputs"] += t1 - t0
+        phases["reference"] += time.perf_counter() - t1
     except KeyboardInterrupt:
         raise
     except OOM_ERRORS as exc:
@@ -180,13 +189,20 @@ def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBac
         return [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
                                 "building the case inputs and reference outputs", oom_detail) for b in group]
     recs: list[CheckRecord] = []
+    t0 = time.perf_counter()
     for b in group:
         ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps, mem_base=base, nan_bits=cfg.nan_bits)
         recs += run_case_checks(ctx, checks, expected)
+    phases["checks"] += time.perf_counter() - t0
+    phases["backend_calls"] += sum(r.duration_s for r in recs)
     return recs
 
 
-def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float]) -> None:
+PHASES = ("inputs", "reference", "checks", "backend_calls", "report_writes", "sections", "total")
+"""Keys of ``meta.phase_s``: where a run's wall time went (``backend_calls`` is part of ``checks``)."""
+
+
+def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float], phases: dict[str, float]) -> None:
     from tqdm import tqdm
 
     runnable = [b for b in cfg.backends if b.available]
@@ -199,7 +215,7 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float])
         for b in runnable:
             by_device.setdefault(b.device or "cpu", []).append(b)
         for device, group in by_device.items():
-            recs = _case_records(cfg, case, device, group, checks, copy_gbps)
+            recs = _case_records(cfg, case, device, group, checks, copy_gbps, phases)
             failures += sum(r.verdict == "fail" for r in recs)
             writer.add(r.to_json() for r in recs)
         bar.set_postfix(fail=failures, refresh=False)
@@ -233,17 +249,26 @@ def _run_locked(cfg: RunConfig) -> int:
         meta["shard"] = shard_meta(cfg.selection, cfg.shard, cfg.chosen_sections())
     writer = ReportWriter(cfg.out_dir, meta)
     writer.write_json()
+    phases = dict.fromkeys(PHASES, 0.0)
+    started = time.perf_counter()
     try:
         writer.write_html()
-        _run_cases(cfg, writer, copy_gbps)
+        _run_cases(cfg, writer, copy_gbps, phases)
         names = cfg.section_names()
-        writer.set_sections(report_sections.run_sections(cfg.suite, cfg.seed, str(device), names) if names else [])
+        t0 = time.perf_counter()
+        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names) if names else []
+        phases["sections"] = time.perf_counter() - t0
+        writer.set_sections(sections)
         if cfg.baseline is not None:
             writer.report["complete"] = True  # everything ran: the diff sees a complete report
             diff = diff_reports(cfg.baseline, writer.report)
             writer.set_baseline(diff.to_json(cfg.baseline_path))
             print(format_diff(diff))
+        phases["report_writes"] = writer.write_s
+        phases["total"] = time.perf_counter() - started
+        writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items()}
         writer.finish(complete=True)
+        print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), file=sys.stderr)
     except Terminated:
         writer.finish(complete=False, error="terminated (SIGTERM)")
         print(f"terminated: partial report in {writer.json_path}", file=sys.stderr)

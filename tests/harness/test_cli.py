@@ -38,6 +38,18 @@ def test_default_run_works_from_a_fresh_directory(tmp_path):
     assert (tmp_path / "parity-report" / "report.html").stat().st_size > 10_000
 
 
+def test_report_says_where_the_time_went(tmp_path, capsys):
+    rc, report = _run(tmp_path, "--backend", "reference", "--case", ONE)
+    assert rc == 0
+    phases = report["meta"]["phase_s"]
+    from moe_fq_parity.harness.run.runner import PHASES
+
+    assert set(phases) == set(PHASES) and all(v >= 0 for v in phases.values())
+    assert phases["inputs"] + phases["reference"] + phases["checks"] <= phases["total"]
+    assert phases["backend_calls"] <= phases["checks"] and phases["checks"] > 0
+    assert "time: inputs" in capsys.readouterr().err
+
+
 def test_failing_backend_exits_nonzero_and_repro_reruns_the_case(tmp_path):
     rc, report = _run(tmp_path, "--backend", f"{BROKEN}:OneUlpHigh", "--case", ONE, "--checks", "forward")
     assert rc == 1 and report["records"][0]["verdict"] == "fail"
