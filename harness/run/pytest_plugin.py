@@ -26,6 +26,12 @@ parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``,
   under ``pytest -n auto`` (xdist workers send their records to the controller).
 * GPU tests (marked ``gpu`` or ``slow``) lease a GPU for their whole run (``harness.run.gpu_lease``):
   one GPU test per GPU at a time, however many xdist workers; the others run CPU tests meanwhile.
+* One worker per GPU under xdist: on a host with G >= 1 GPUs, ``-n N`` (``-n auto``) with xdist's
+  default ``--dist load`` is scheduled by scopes (``pytest_xdist_make_scheduler``): the parity
+  cases are split into G groups balanced by bytes, all tests of one case in one group; each group runs on one worker, in order, on its own GPU (the lease prefers it), so a case's
+  tensors are built once and at most G workers hold GPU cases, while the other workers run every
+  other test.  An explicit other ``--dist`` mode is kept (the leases alone then keep one GPU test
+  per GPU).
 * Memory: a case's tensors (inputs and reference outputs) are shared by the consecutive tests of
   that case and dropped at the teardown of the last one (``nextitem`` is another case), so nothing
   that outlives the case's tests holds it; each record carries the check's peak CUDA memory.
@@ -38,7 +44,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Container, Optional
 
 import pytest
 
@@ -76,6 +82,8 @@ class ParitySettings:
 SETTINGS = pytest.StashKey[ParitySettings]()
 RECORDS = pytest.StashKey[list]()
 WRITER = pytest.StashKey[Any]()
+GPU_GROUPS = pytest.StashKey[int]()
+"""xdist controller: the number of GPU groups scheduled (0 or absent: xdist's own scheduling)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -148,12 +156,73 @@ def pytest_configure(config: pytest.Config) -> None:
         hsettings.load_profile(settings.hypothesis_profile)
     if settings.report_dir is not None and not hasattr(config, "workerinput"):
         config.stash[WRITER] = _new_writer(config, settings)
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "load" and _gpu_count() > 0:
+        config.stash[GPU_GROUPS] = _gpu_count()  # xdist's default for -n: schedule the GPU groups (module docstring)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_case_groups(settings: ParitySettings, gpus: int) -> dict[str, int]:
+    """``{case id: GPU group}`` for every parity case of ``settings`` (on a GPU host every parity test
+    runs its backends on the GPU).
+
+    Each case goes, in catalogue order, to the group with the fewest bytes so far (a case weighs its
+    input + output bytes), so the G groups carry about equal work; every process computes the same
+    groups from the same settings.
+    """
+    from moe_fq_parity.harness.core.memory import case_bytes
+
+    load = [0] * max(gpus, 1)
+    groups: dict[str, int] = {}
+    for case, _ in _collected_cases(settings):
+        groups[case.id] = k = min(range(len(load)), key=load.__getitem__)
+        load[k] += case_bytes(case)
+    return groups
+
+
+def case_id_of_nodeid(nodeid: str, ids: Container[str]) -> Optional[str]:
+    """The parity case id inside a test id's ``[...]`` parameters (joined by ``-``), or ``None``."""
+    lo, hi = nodeid.find("["), nodeid.rfind("]")
+    if lo < 0 or hi < lo:
+        return None
+    parts = nodeid[lo + 1:hi].split("-")
+    for i in range(len(parts)):
+        for j in range(len(parts), i, -1):
+            if "-".join(parts[i:j]) in ids:
+                return "-".join(parts[i:j])
+    return None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> Any:
+    """xdist controller, ``-n N`` with the default ``--dist load`` on a GPU host: a ``loadscope``
+    scheduler whose scopes are the GPU groups (``gpu_case_groups``: one per GPU, all tests of a case
+    in one) and every other test alone."""
+    gpus = config.stash.get(GPU_GROUPS, 0)
+    if not gpus:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = gpu_case_groups(config.stash[SETTINGS], gpus)
+
+    class GpuGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            case = case_id_of_nodeid(nodeid, groups)
+            return nodeid if case is None else f"parity-gpu{groups[case]}"
+
+    return GpuGroupScheduling(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     s = config.stash[SETTINGS]
+    groups = config.stash.get(GPU_GROUPS, 0)
     return (f"parity: seed={s.seed} suite={s.suite or 'ci (+slow-marked larger cases)'} backends={','.join(s.backends)} "
-            f"mode={s.mode} hypothesis-profile={s.hypothesis_profile}" + (f" report={s.report_dir}" if s.report_dir else ""))
+            f"mode={s.mode} hypothesis-profile={s.hypothesis_profile}" + (f" report={s.report_dir}" if s.report_dir else "")
+            + (f"\nparity: xdist scheduling: GPU parity cases in {groups} group(s), one worker per GPU" if groups else ""))
 
 
 def _collected_cases(settings: ParitySettings) -> list[tuple[Any, tuple[str, ...]]]:
@@ -198,6 +267,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
 
 
 @pytest.fixture(scope="session")
@@ -320,6 +390,21 @@ def _needs_gpu_lease(item: pytest.Item) -> bool:
     return torch.cuda.is_available()
 
 
+_GROUPS: dict[str, int] = {}
+
+
+def _preferred_gpu(item: pytest.Item) -> int:
+    """The GPU a test's lease tries first: its case's GPU group (``gpu_case_groups``), else the
+    xdist worker's number."""
+    case = _parity_case_of(item)
+    if case is not None:
+        if not _GROUPS:
+            _GROUPS.update(gpu_case_groups(item.config.stash[SETTINGS], _gpu_count()))
+        if case.id in _GROUPS:
+            return _GROUPS[case.id]
+    return _worker_index() or 0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
     """Hold a GPU lease around a GPU test's setup, call and teardown (``harness.run.gpu_lease``)."""
@@ -327,7 +412,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
     if _needs_gpu_lease(item):
         from .gpu_lease import acquire
 
-        lease = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=_worker_index() or 0)
+        lease = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=_preferred_gpu(item))
     try:
         yield
     finally:

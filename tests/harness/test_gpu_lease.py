@@ -63,16 +63,83 @@ def test_cpu(i):
 """
 
 
-def _run_project(tmp_path: Path, *extra: str) -> list[dict]:
+CASE_TESTS = """
+import json, os, time
+
+import pytest
+
+from conftest import current
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", ["a", "b", "c"])
+def test_case(parity_case, check, request):
+    start = time.time()
+    time.sleep(0.01)
+    with open(os.environ["LEASE_LOG"], "a") as f:
+        f.write(json.dumps({"kind": "case", "case": parity_case.id, "check": check, "nodeid": request.node.nodeid, "device": current[0],
+                            "start": start, "end": time.time(), "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\\n")
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_cpu(i):
+    time.sleep(0.05)
+"""
+
+
+def _run_project(tmp_path: Path, *extra: str, tests: str = TESTS, gpus: int = 2, workers: int = 2) -> list[dict]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_fake_gpu.py").write_text(TESTS)
+    (tmp_path / "test_fake_gpu.py").write_text(tests)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     log = tmp_path / "lease.jsonl"
-    env = dict(os.environ, FAKE_GPUS="2", LEASE_LOG=str(log), PARITY_GPU_LOCK_DIR=str(tmp_path / "locks"))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2", *extra], cwd=tmp_path, env=env,
+    env = dict(os.environ, FAKE_GPUS=str(gpus), LEASE_LOG=str(log), PARITY_GPU_LOCK_DIR=str(tmp_path / "locks"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", str(workers), *extra], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_one_worker_per_gpu_and_a_case_stays_on_one_worker(tmp_path, gpus):
+    """``-n 3`` on G fake GPUs: the GPU tests run on G workers (one group per GPU, on that GPU), all
+    checks of one case on one worker and GPU, the groups balanced by the cases' bytes."""
+    from moe_fq_parity.cases import parse_case
+    from moe_fq_parity.harness.core.memory import case_bytes
+
+    from moe_fq_parity.harness.run.pytest_plugin import ParitySettings, gpu_case_groups
+
+    rows = _run_project(tmp_path, "--parity-suite", "smoke", tests=CASE_TESTS, gpus=gpus, workers=3)
+    assert rows and all(r["kind"] == "case" for r in rows)
+    settings = ParitySettings(report_dir=None, seed=0, suite="smoke", backends=(), mode="strict", timeout_s=None, hypothesis_profile="ci")
+    groups = gpu_case_groups(settings, gpus)
+    assert all(r["device"] == groups[r["case"]] for r in rows)  # each group on its own GPU
+    by_case: dict[str, set] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], set()).add((r["worker"], r["device"]))
+    assert all(len(v) == 1 for v in by_case.values()), {k: v for k, v in by_case.items() if len(v) > 1}
+    assert len({r["worker"] for r in rows}) == gpus
+    assert _same_device_overlaps([dict(r, kind="gpu", i=k) for k, r in enumerate(rows)]) == []
+    weight = {d: sum(case_bytes(parse_case(c)) for c, v in by_case.items() if next(iter(v))[1] == d) for d in range(gpus)}
+    largest = max(case_bytes(parse_case(c)) for c in by_case)
+    assert max(weight.values()) - min(weight.values()) <= largest, weight
+
+
+def test_an_explicit_other_dist_mode_is_kept(tmp_path):
+    """``--dist worksteal`` is kept (no groups: cases spread over the workers); the leases alone
+    still keep one GPU test per GPU."""
+    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--dist", "worksteal", tests=CASE_TESTS, gpus=1, workers=3)
+    assert len({r["worker"] for r in rows}) > 1
+    assert _same_device_overlaps([dict(r, kind="gpu", i=k) for k, r in enumerate(rows)]) == []
+
+
+def test_case_id_of_nodeid():
+    from moe_fq_parity.harness.run.pytest_plugin import case_id_of_nodeid
+
+    ids = {"int8.cuda/a-b/x/s0", "nvfp4.te/y/s1"}
+    assert case_id_of_nodeid("t.py::test[int8.cuda/a-b/x/s0-forward]", ids) == "int8.cuda/a-b/x/s0"
+    assert case_id_of_nodeid("t.py::test[triton-nvfp4.te/y/s1]", ids) == "nvfp4.te/y/s1"
+    assert case_id_of_nodeid("t.py::test[triton-other]", ids) is None
+    assert case_id_of_nodeid("t.py::test_plain", ids) is None
 
 
 def _same_device_overlaps(rows: list[dict]) -> list[tuple[int, int]]:
