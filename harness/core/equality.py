@@ -107,19 +107,55 @@ def bits_hex(v: torch.Tensor) -> str:
     return f"0x{int(v.reshape(1).view(int_dtype).item()) & mask:0{width}X}"
 
 
+def bits_hex_all(t: torch.Tensor) -> list[str]:
+    """Bit patterns of every element of a bf16/fp16/fp32 tensor as hex (``bits_hex``, vectorised);
+    ``TypeError`` for other dtypes."""
+    flat = t.detach().reshape(-1).cpu()
+    if flat.dtype not in _BITS:
+        raise TypeError(f"no bit view for {flat.dtype}")
+    int_dtype, width, mask = _BITS[flat.dtype]
+    return [f"0x{int(v) & mask:0{width}X}" for v in flat.view(int_dtype).tolist()]
+
+
+def offenders_at(parts: Sequence[int], index: torch.Tensor, shapes: Sequence[torch.Size], expected: torch.Tensor, got: torch.Tensor,
+                 cls: Sequence[str], ulp: Sequence[Optional[int]], *, inputs: torch.Tensor, pre_round: torch.Tensor,
+                 amax: torch.Tensor) -> tuple[Offender, ...]:
+    """``offender`` for many elements at once (one host transfer per field): ``parts[k]`` is the
+    tensor (expert) of flat element ``index[k]`` of tensors laid out one after another with
+    ``shapes``; ``expected``/``got``/``inputs``/``pre_round``/``amax`` are those flat tensors."""
+    if index.numel() == 0:
+        return ()
+    starts = [0]
+    for shape in shapes:
+        starts.append(starts[-1] + int(torch.Size(shape).numel()))
+    pick = lambda t: t.reshape(-1)[index]  # noqa: E731
+    e, g, x, pre, a = (pick(t) for t in (expected, got, inputs, pre_round, amax))
+    ev, gv, xv, pv, av = (t.double().tolist() for t in (e, g, x, pre, a))
+    eh, gh, xh, ah = (bits_hex_all(t) for t in (e, g, x, a))
+    out = []
+    for k, (p, i) in enumerate(zip(parts, index.tolist())):
+        local, cols = i - starts[p], (shapes[p][-1] if len(shapes[p]) and shapes[p][-1] else 1)
+        out.append(Offender(expert=p, row=local // cols, col=local % cols, input=xv[k], expected=ev[k], got=gv[k], pre_round=pv[k],
+                            ulp=ulp[k], cls=cls[k], expected_bits=eh[k], got_bits=gh[k], input_bits=xh[k], amax=av[k], amax_bits=ah[k]))
+    return tuple(out)
+
+
 def _scalar(t: torch.Tensor, i: int) -> float:
     return float(t.reshape(-1)[i].double()) if t.numel() else float("nan")
 
 
 def offender(k: int, i: int, expected: torch.Tensor, got: torch.Tensor, cls: str, *, inputs: Optional[torch.Tensor] = None,
-             pre_round: Optional[torch.Tensor] = None, ulp: Optional[int] = None) -> Offender:
-    """The ``Offender`` at flat index ``i`` of tensor ``k`` (row/col of the tensor seen as ``[-1, last dim]``)."""
+             pre_round: Optional[torch.Tensor] = None, ulp: Optional[int] = None, amax: Optional[torch.Tensor] = None) -> Offender:
+    """The ``Offender`` at flat index ``i`` of tensor ``k`` (row/col of the tensor seen as ``[-1, last dim]``);
+    ``amax``: a per-element amax tensor laid out like ``expected`` (optional)."""
     cols = expected.shape[-1] if expected.dim() and expected.shape[-1] else 1
     e, g = expected.reshape(-1)[i], got.reshape(-1)[i]
     return Offender(
         expert=k, row=i // cols, col=i % cols, input=_scalar(inputs, i) if inputs is not None else None,
         expected=_scalar(expected, i), got=_scalar(got, i), pre_round=_scalar(pre_round, i) if pre_round is not None else None,
         ulp=ulp, cls=cls, expected_bits=bits_hex(e), got_bits=bits_hex(g),
+        input_bits=bits_hex(inputs.reshape(-1)[i]) if inputs is not None else "",
+        amax=_scalar(amax, i) if amax is not None else None, amax_bits=bits_hex(amax.reshape(-1)[i]) if amax is not None else "",
     )
 
 

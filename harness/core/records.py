@@ -23,8 +23,10 @@ class Offender:
 
     ``expert``: index of the tensor in its list; ``row``/``col``: the element in that tensor seen as
     ``[-1, last dim]``; ``input``: the fake-quant input (``None`` where the comparison has none);
-    ``cls``: a class of ``harness.core.ulp.CLASSES``; ``expected_bits``/``got_bits``: the bit
-    patterns in hex (NaN payloads differ there, not in the values).
+    ``cls``: a class of ``harness.core.ulp.CLASSES`` (the external section's variant match adds
+    ``signed_zero`` and ``exact_tie``); ``expected_bits``/``got_bits``/``input_bits``: the bit
+    patterns in hex (NaN payloads differ there, not in the values); ``amax``/``amax_bits``: the
+    element's fp32 amax, where the comparison has one per element (the variant match).
     """
 
     expert: int
@@ -38,6 +40,9 @@ class Offender:
     cls: str
     expected_bits: str = ""
     got_bits: str = ""
+    input_bits: str = ""
+    amax: Optional[float] = None
+    amax_bits: str = ""
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def test_eager_fp8_scales_like_reciprocal_but_dequantizes_like_cuda(modelopt_eag
     for o in off[:20]:
         a = torch.tensor([o.amax], dtype=torch.float32)
         s = torch.reciprocal(a) * E4M3_MAX
-        x = torch.tensor([o.x], dtype=torch.float32)
+        x = torch.tensor([o.input], dtype=torch.float32)
         e = (x * s).to(torch.float8_e4m3fn).to(torch.float32)
         assert (e * torch.reciprocal(s)).to(torch.bfloat16).item() == o.got
         assert (e / s).to(torch.bfloat16).item() == o.expected
@@ -95,9 +95,9 @@ def test_eager_int_matches_cuda_except_at_tiny_amax(modelopt_eager, small_cases)
     assert any(o.amax == TINY_AMAX for o in off)  # cuda quantizes at exactly 2**-24, eager zeroes
     # at amax 0: NaN/inf inputs give NaN (cuda +0), negative inputs -0 (cuda +0)
     at_zero = [o for o in off if o.amax == 0.0]
-    nonfinite = [o for o in at_zero if not math.isfinite(o.x)]
-    assert nonfinite and all(o.expected_hex == "0x0000" and math.isnan(o.got) for o in nonfinite)
-    assert all(o.cls == "signed_zero" and math.copysign(1.0, o.x) < 0 and o.got_hex == "0x8000" for o in at_zero if math.isfinite(o.x))
+    nonfinite = [o for o in at_zero if not math.isfinite(o.input)]
+    assert nonfinite and all(o.expected_bits == "0x0000" and math.isnan(o.got) for o in nonfinite)
+    assert all(o.cls == "signed_zero" and math.copysign(1.0, o.input) < 0 and o.got_bits == "0x8000" for o in at_zero if math.isfinite(o.input))
 
 
 def test_eager_backward_and_calibration_match_the_reference(modelopt_eager):

@@ -49,10 +49,11 @@ def test_a_planted_one_ulp_change_is_counted_and_listed(small_cases):
     cuda = next(v for v in m.cases[0].variants if v.variant == "cuda")
     assert cuda.mismatches == 1 and m.matched == ()
     (o,) = cuda.offenders
-    assert o.index == 7 * 6 + 2 and o.got_hex == f"0x{bits & 0xFFFF:04X}" and o.cls == "ulp1" and o.ulp == 1
-    assert o.amax == float(cases[0].amax[7])
+    assert (o.expert, o.row, o.col) == (7, 0, 2) and o.got_bits == f"0x{bits & 0xFFFF:04X}" and o.cls == "ulp1" and o.ulp == 1
+    assert o.amax == float(cases[0].amax[7]) and o.amax_bits == f"0x{int(cases[0].amax[7:8].float().view(torch.int32)) & 0xFFFFFFFF:08X}"
+    assert o.input == float(cases[0].weights[7].reshape(-1)[2]) and o.expected_bits == f"0x{(bits - 1) & 0xFFFF:04X}"
     row = variants_row(m, "cuda", "repro")
-    assert row.verdict == "fail" and o.x_hex in row.message
+    assert row.verdict == "fail" and o.input_bits in row.message
 
 
 def test_a_zero_sign_difference_is_a_mismatch():
@@ -64,7 +65,7 @@ def test_a_zero_sign_difference_is_a_mismatch():
     m = match_variants(Planted(0, 2, flipped), "int8", cases=[case], cap=4)
     cuda = next(v for v in m.cases[0].variants if v.variant == "cuda")
     assert cuda.mismatches == 1 and cuda.signed_zero == 1
-    assert cuda.offenders[0].cls == "signed_zero" and cuda.offenders[0].index == 2
+    assert cuda.offenders[0].cls == "signed_zero" and (cuda.offenders[0].expert, cuda.offenders[0].col) == (0, 2)
 
 
 class Raises(ReferenceVariant):

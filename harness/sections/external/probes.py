@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.harness.core.equality import bits_hex_all
 from moe_fq_parity.cases.grids import grid_points, midpoints, scale_numerator
 from moe_fq_parity.reference.constants import TINY_AMAX
 from moe_fq_parity.reference.formats import format_spec
@@ -46,14 +47,8 @@ def all_bf16(*, finite_only: bool = False) -> torch.Tensor:
     return x[torch.isfinite(x)] if finite_only else x
 
 
-def hex_bits(t: torch.Tensor) -> list[str]:
-    """Bit patterns of a bf16/fp16/fp32 tensor as hex strings (``0x3F80``)."""
-    flat = t.detach().reshape(-1).cpu()
-    if flat.dtype in (torch.bfloat16, torch.float16):
-        return [f"0x{int(v) & 0xFFFF:04X}" for v in flat.view(torch.int16).tolist()]
-    if flat.dtype == torch.float32:
-        return [f"0x{int(v) & 0xFFFFFFFF:08X}" for v in flat.view(torch.int32).tolist()]
-    raise TypeError(f"no bit view for {flat.dtype}")
+hex_bits = bits_hex_all
+"""Bit patterns of a bf16/fp16/fp32 tensor as hex strings (``0x3F80``): ``harness.core.equality.bits_hex_all``."""
 
 
 def _ulp_shift(a: torch.Tensor, k: int) -> torch.Tensor:

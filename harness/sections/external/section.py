@@ -112,7 +112,7 @@ def _first(m: FormatMatch, variant: Optional[str]) -> str:
     for c in m.cases:
         for v in c.variants:
             if v.variant == variant:
-                out += [f"{c.case}: amax {o.amax_hex} x {o.x_hex} -> {o.got_hex}, {variant} {o.expected_hex} ({o.cls})" for o in v.offenders[:2]]
+                out += [f"{c.case}: amax {o.amax_bits} x {o.input_bits} -> {o.got_bits}, {variant} {o.expected_bits} ({o.cls})" for o in v.offenders[:2]]
     return f"vs {variant}: " + "; ".join(out[:6]) if out else f"vs {variant}: no offenders listed"
 
 

@@ -28,34 +28,19 @@ import torch
 
 from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import backend_device
+from moe_fq_parity.harness.core.equality import MAX_OFFENDERS, offenders_at
+from moe_fq_parity.harness.core.records import Offender
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
 from moe_fq_parity.reports.schema import dumps
 
 from . import probes
 from .match_cases import Case, build_cases
 
-DEFAULT_CAP = 64
-"""Offenders listed per variant and case (all are counted)."""
+DEFAULT_CAP = MAX_OFFENDERS
+"""Offenders listed per variant and case by default (all are counted): the harness's one cap."""
 TIE_CAP = 1 << 16
-"""Exact-tie flips listed per variant and case (all are counted)."""
-
-
-@dataclass(frozen=True)
-class Offender:
-    """One element where the backend differs from a variant (bits as hex, values as floats)."""
-
-    index: int
-    amax: float
-    amax_hex: str
-    x: float
-    x_hex: str
-    expected: float
-    expected_hex: str
-    got: float
-    got_hex: str
-    pre_round: float
-    ulp: int
-    cls: str
+"""Exact-tie flips listed per variant and case (all are counted): every one of them is the finding
+(the upstream kernel's deviation from IEEE), so this list is not capped like offenders are."""
 
 
 @dataclass(frozen=True)
@@ -187,13 +172,11 @@ def exact_tie(pre: torch.Tensor, grid_round: Any) -> torch.Tensor:
 
 def _offenders_at(case: Case, idx: torch.Tensor, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor,
                   ulp: list[int], cls: list[str]) -> tuple[Offender, ...]:
-    if idx.numel() == 0:
-        return ()
-    x, a, e, g = case.flat_input()[idx], case.elem_amax[idx], expected[idx], got[idx]
-    ah, xh, eh, gh = (probes.hex_bits(t) for t in (a, x, e, g))
-    return tuple(Offender(index=i, amax=float(a[k]), amax_hex=ah[k], x=float(x[k]), x_hex=xh[k], expected=float(e[k]),
-                          expected_hex=eh[k], got=float(g[k]), got_hex=gh[k], pre_round=float(pre[i]), ulp=ulp[k], cls=cls[k])
-                 for k, i in enumerate(idx.tolist()))
+    """``records.Offender`` s at flat indices ``idx`` of the case's concatenated experts."""
+    ends = torch.tensor([w.numel() for w in case.weights], dtype=torch.int64).cumsum(0)
+    parts = torch.searchsorted(ends, idx, right=True).tolist()
+    return offenders_at(parts, idx, [w.shape for w in case.weights], expected, got, cls, ulp, inputs=case.flat_input(),
+                        pre_round=pre, amax=case.elem_amax)
 
 
 def _offenders(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, comp: Comparison, cap: int) -> tuple[Offender, ...]:
@@ -278,14 +261,14 @@ def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
         lines.append(f"  {c.case} [{c.numel} el, {c.near_tie} near ties]: {per}")
         for v in c.variants:
             for o in v.offenders[:offenders]:
-                lines.append(f"    vs {v.variant}: amax {o.amax_hex} x {o.x_hex} expected {o.expected_hex} got {o.got_hex} "
-                             f"({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
+                lines.append(f"    vs {v.variant}: expert {o.expert} [{o.row}, {o.col}] amax {o.amax_bits} x {o.input_bits} "
+                             f"expected {o.expected_bits} got {o.got_bits} ({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
     for v in m.matched_up_to_ties:
         lines.append(f"  exact-tie flips vs {v} (IEEE rounds the tie to even; the backend went the other way):")
         for c in m.cases:
             for r in c.variants:
                 if r.variant == v:
-                    lines += [f"    {c.case}[{o.index}]: amax {o.amax!r} x {o.x!r} ({o.x_hex}) |x|/scale = {abs(o.pre_round)!r} "
+                    lines += [f"    {c.case} expert {o.expert} [{o.row}, {o.col}]: amax {o.amax!r} x {o.input!r} ({o.input_bits}) |x|/scale = {abs(o.pre_round)!r} "
                               f"expected {o.expected!r} got {o.got!r}" for o in r.tie_offenders]
     return lines
 
