@@ -11,7 +11,7 @@ from __future__ import annotations
 from moe_fq_parity import reference
 from moe_fq_parity.reference import split_expert_amax
 
-from moe_fq_parity.harness.core.equality import bitwise
+from moe_fq_parity.harness.core.equality import bitwise, compare_each
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
@@ -39,15 +39,18 @@ def check_backward(ctx: CheckContext, mode: str):
         return record(ctx, check, "skip", reason, **timing)
     if (problem := problems_of(call, inputs.grads)) is not None:
         return record(ctx, check, "fail", problem, **timing)
-    comps, offenders = [], []
-    for e, (w, a, g, got) in enumerate(zip(inputs.weights, per, inputs.grads, call.value)):
-        want = reference.ste_backward(w, a, g, mode)
-        comp = bitwise(want, got, ctx.nan_bits)
-        comps.append(comp)
+    offenders: list = []
+    want = lambda e: reference.ste_backward(inputs.weights[e], per[e], inputs.grads[e], mode)  # noqa: E731 - one expert at a time
+
+    def full(e: int):
+        w, a, ref, got = inputs.weights[e], per[e], want(e), call.value[e]
+        comp = bitwise(ref, got, ctx.nan_bits)
         if comp.numel != comp.counts["exact"] and len(offenders) < MAX_OFFENDERS:
             amax_full = a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
-            offenders += expert_offenders(e, comp, w, want, got, amax_full, MAX_OFFENDERS - len(offenders))
-        del want
+            offenders.extend(expert_offenders(e, comp, w, ref, got, amax_full, MAX_OFFENDERS - len(offenders)))
+        return comp
+
+    comps = compare_each(len(inputs.weights), want, call.value, full)
     fields = summarize(comps, inputs.amax)
     verdict = "pass" if fields["counts"]["exact"] == case.numel else "fail"
     msg = mismatch_message(fields, case.numel)

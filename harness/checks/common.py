@@ -167,18 +167,23 @@ def expert_offenders(
     ]
 
 
-def expert_amax_value(amax: torch.Tensor, e: int) -> float:
-    """The amax shown for expert ``e`` (per channel: its largest row amax)."""
-    a = amax[e]
-    return float(a.max()) if a.numel() else 0.0
+def expert_amax_values(amax: torch.Tensor, n: int) -> list[float]:
+    """The amax shown for each of the first ``n`` experts (per channel: its largest row amax; an
+    expert with no rows: 0), in one host transfer."""
+    a = amax[:n].detach().float()
+    if a.dim() > 1:
+        a = a.reshape(a.shape[0], -1)
+        a = a.amax(dim=1) if a.shape[1] else torch.zeros(a.shape[0], device=a.device)
+    return a.tolist()
 
 
 def summarize(comps: Sequence[Comparison], amax: torch.Tensor) -> dict[str, Any]:
     """Aggregate per-expert comparisons into record fields (counts, histogram, per-expert stats)."""
     counts = {c: sum(comp.counts[c] for comp in comps) for c in CLASSES}
     hist = [sum(comp.histogram[k] for comp in comps) for k in range(len(HIST_EDGES))]
+    amaxes = expert_amax_values(amax, len(comps))
     per = tuple(
-        ExpertStats(expert=e, numel=comp.numel, amax=expert_amax_value(amax, e), max_ulp=comp.max_ulp, counts=dict(comp.counts))
+        ExpertStats(expert=e, numel=comp.numel, amax=amaxes[e], max_ulp=comp.max_ulp, counts=dict(comp.counts))
         for e, comp in enumerate(comps)
     )
     return {

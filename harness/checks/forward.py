@@ -17,7 +17,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import FakeQuantResult, split_expert_amax
 
-from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
+from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, compare_each
 from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
 
 from .common import (
@@ -102,11 +102,14 @@ def check_forward(ctx: CheckContext, expected: Expected):
         return record(ctx, CHECK, "skip", reason, **timing)
     if (problem := problems_of(call, inputs.weights)) is not None:
         return record(ctx, CHECK, "fail", problem, **timing)
-    comps, offenders = [], []
-    for e, (want, got) in enumerate(zip(expected.outputs, call.value)):
-        comp, pre = compare_expert(inputs, e, want, got, ctx.nan_bits)
-        comps.append(comp)
-        offenders += expert_offenders(e, comp, inputs.weights[e], want, got, pre, MAX_OFFENDERS - len(offenders))
+    offenders: list = []
+
+    def full(e: int) -> Comparison:
+        comp, pre = compare_expert(inputs, e, expected.outputs[e], call.value[e], ctx.nan_bits)
+        offenders.extend(expert_offenders(e, comp, inputs.weights[e], expected.outputs[e], call.value[e], pre, MAX_OFFENDERS - len(offenders)))
+        return comp
+
+    comps = compare_each(len(expected.outputs), expected.outputs.__getitem__, call.value, full)
     fields = summarize(comps, inputs.amax)
     verdict = "pass" if all(c.passes(ctx.mode) for c in comps) else "fail"
     return record(ctx, CHECK, verdict, mismatch_message(fields, case.numel), offenders=tuple(offenders), **fields, **timing)

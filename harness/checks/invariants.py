@@ -17,7 +17,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import split_expert_amax
 
-from moe_fq_parity.harness.core.equality import bitwise, same_bits
+from moe_fq_parity.harness.core.equality import bitwise, compare_each, same_bits
 from moe_fq_parity.harness.core.ulp import CLASSES
 
 from .common import (
@@ -51,16 +51,20 @@ def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor] | 
     made from that evidence).
     """
     idx = list(experts) if experts is not None else list(range(len(other)))
-    comps, offenders = [], []
+    offenders: list = []
     n_explained = 0
-    for k, o in enumerate(other):
-        b = base(k) if callable(base) else base[k]
+    get = base if callable(base) else base.__getitem__
+
+    def full(k: int):
+        nonlocal n_explained
+        b, o = get(k), other[k]
         comp = bitwise(b, o, ctx.nan_bits)
-        comps.append(comp)
-        offenders += expert_offenders(idx[k], comp, ctx.inputs.weights[idx[k]], b, o, None, MAX_OFFENDERS - len(offenders))
+        offenders.extend(expert_offenders(idx[k], comp, ctx.inputs.weights[idx[k]], b, o, None, MAX_OFFENDERS - len(offenders)))
         if explain is not None and comp.counts["error"]:
             n_explained += explain(idx[k], ~same_bits(b, o, ctx.nan_bits) & ~(torch.isnan(b) & torch.isnan(o.to(b.device))), o)
-        del b
+        return comp
+
+    comps = compare_each(len(other), get, other, full)
     fields = summarize(comps, ctx.inputs.amax[idx])
     errors, nan_bits = fields["counts"]["error"], fields["counts"]["nan_bits"]
     if not errors and not nan_bits:

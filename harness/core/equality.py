@@ -38,11 +38,14 @@ so a NaN-payload difference shows as ``nan (0x7FFF)`` vs ``nan (0x7FC0)``, never
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from .records import Offender
+
+if TYPE_CHECKING:
+    from .ulp import Comparison
 
 NAN_BITS_MODES = ("any", "strict")
 """``any``: NaN payload and sign are not compared (default).  ``strict``: they are, as class ``nan_bits``."""
@@ -183,6 +186,40 @@ def bitwise(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_N
     counts["error"] = int(differ.numel()) - counts["nan_bits"]
     counts["exact"] = comp.numel - int(differ.numel())
     return replace(comp, counts=counts, mismatch_index=differ.cpu(), mismatch_ulp=ulp.cpu(), mismatch_class=cls.cpu())
+
+
+def compare_each(count: int, expected: Callable[[int], torch.Tensor], got: Sequence[torch.Tensor],
+                 full: Callable[[int], "Comparison"]) -> list["Comparison"]:
+    """``full(k)`` for every pair ``k < count`` whose bits differ; ``Comparison.identical`` for the others.
+
+    A first pass counts, per pair, the elements whose raw bits differ and the finite elements, on
+    the device and without a synchronisation (``expected(k)`` is dropped after it: one expected
+    tensor at a time, as the callers' memory budget requires); one transfer then brings all counts
+    to the host.  So a check whose experts all match costs one synchronisation instead of ~20 per
+    expert; ``full`` (which recomputes what it needs) runs only for the experts that differ.
+    """
+    from .ulp import Comparison
+
+    stats: list[Optional[torch.Tensor]] = []
+    numel: list[int] = []
+    for k in range(count):
+        e = expected(k).detach()
+        g = got[k].detach()
+        numel.append(e.numel())
+        if e.dtype in _BITS and g.dtype == e.dtype and g.shape == e.shape and g.device == e.device:
+            stats.append(torch.stack([(_raw_bits(e) != _raw_bits(g)).sum(), torch.isfinite(e).sum()]))
+        else:
+            stats.append(None)  # not comparable this way (the full comparison says why)
+        del e
+    host: list[Optional[list[int]]] = [None] * count
+    by_device: dict[torch.device, list[int]] = {}
+    for k, t in enumerate(stats):
+        if t is not None:
+            by_device.setdefault(t.device, []).append(k)
+    for ks in by_device.values():
+        for k, row in zip(ks, torch.stack([stats[k] for k in ks]).tolist()):
+            host[k] = row
+    return [Comparison.identical(numel[k], h[1]) if h is not None and h[0] == 0 else full(k) for k, h in enumerate(host)]
 
 
 @dataclass(frozen=True)

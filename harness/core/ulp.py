@@ -79,6 +79,16 @@ class Comparison:
     mismatch_class: torch.Tensor = field(repr=False)
     mismatch_ulp: torch.Tensor = field(repr=False)
 
+    @classmethod
+    def identical(cls, numel: int, finite: int) -> "Comparison":
+        """What ``compare`` (and ``equality.bitwise``) returns for two tensors with the same bits:
+        every element exact, ``finite`` of them in histogram bucket 0."""
+        counts = dict.fromkeys(CLASSES, 0)
+        counts["exact"] = numel
+        return cls(numel=numel, counts=counts, signed_zero=0, nan_mismatch=0, inf_mismatch=0, max_ulp=0,
+                   histogram=[finite] + [0] * (len(HIST_EDGES) - 1), mismatch_index=torch.zeros(0, dtype=torch.int64),
+                   mismatch_class=torch.zeros(0, dtype=torch.int8), mismatch_ulp=torch.zeros(0, dtype=torch.int64))
+
     def passes(self, mode: str) -> bool:
         """Verdict under ``strict`` (bit-exact: all exact and no sign-of-zero difference) or
         ``1-ulp`` (exact or 1 ULP; tie flips and errors fail)."""
