@@ -205,6 +205,7 @@ PHASES = ("inputs", "reference", "checks", "backend_calls", "report_writes", "se
 def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float], phases: dict[str, float]) -> None:
     from tqdm import tqdm
 
+    t0 = time.perf_counter()
     runnable = [b for b in cfg.backends if b.available]
     checks = cfg.checks + (("perf",) if cfg.perf and "perf" not in cfg.checks else ())
     failures = 0
@@ -217,6 +218,9 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float],
         for device, group in by_device.items():
             recs = _case_records(cfg, case, device, group, checks, copy_gbps, phases)
             failures += sum(r.verdict == "fail" for r in recs)
+            phases["report_writes"] = writer.write_s
+            phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
+            writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items() if k in PHASES}  # so far: a cut-off run still tells
             writer.add(r.to_json() for r in recs)
         bar.set_postfix(fail=failures, refresh=False)
     bar.close()
@@ -234,6 +238,7 @@ def run(cfg: RunConfig) -> int:
 
 
 def _run_locked(cfg: RunConfig) -> int:
+    started = time.perf_counter()
     device = _run_device(cfg.backends)
     copy_gbps = None
     if cfg.perf:
@@ -250,9 +255,9 @@ def _run_locked(cfg: RunConfig) -> int:
     writer = ReportWriter(cfg.out_dir, meta)
     writer.write_json()
     phases = dict.fromkeys(PHASES, 0.0)
-    started = time.perf_counter()
     try:
         writer.write_html()
+        phases["_before_cases"] = time.perf_counter() - started
         _run_cases(cfg, writer, copy_gbps, phases)
         names = cfg.section_names()
         t0 = time.perf_counter()
@@ -266,9 +271,9 @@ def _run_locked(cfg: RunConfig) -> int:
             print(format_diff(diff))
         phases["report_writes"] = writer.write_s
         phases["total"] = time.perf_counter() - started
-        writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items()}
+        writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
         writer.finish(complete=True)
-        print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), file=sys.stderr)
+        print("time: " + ", ".join(f"{k} {phases[k]:.1f} s" for k in PHASES), file=sys.stderr)
     except Terminated:
         writer.finish(complete=False, error="terminated (SIGTERM)")
         print(f"terminated: partial report in {writer.json_path}", file=sys.stderr)
