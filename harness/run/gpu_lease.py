@@ -3,8 +3,10 @@
 A GPU test (marked ``gpu`` or ``slow``) holds an exclusive lease on one GPU from before its fixtures
 are set up until after they are torn down: the lease is an ``flock`` on a per-GPU lock file, keyed by
 the GPU's UUID, in ``PARITY_GPU_LOCK_DIR`` (default ``<tmp>/moe-fq-parity-gpu-locks``).  The test runs
-with that GPU as the current CUDA device.  Before the lease is given back the worker collects garbage
-and empties PyTorch's cache, so the next holder (another process) finds the memory free.  A test
+with that GPU as the current CUDA device.  Before the lease is given back the worker tidies its
+memory (``harness.core.memory.tidy``: garbage collected when more than it should hold is still
+allocated, PyTorch's cache emptied when more than 1 GiB of it is unused), so the next holder
+(another process) finds the memory free.  A test
 marked both ``dist`` and ``gpu`` (several GPUs, e.g. NCCL ranks) leases every GPU, in index order.
 
 So with ``pytest -n G`` on G GPUs each GPU serves one test at a time and G GPU tests run at once;
@@ -53,18 +55,19 @@ class Lease:
         self._fds = list(fds)
         self.waited_s = waited_s
 
-    def release(self) -> None:
-        """Free this process's cached GPU memory, then unlock (idempotent)."""
+    def release(self, keep_bytes: Optional[int] = None) -> None:
+        """Tidy this process's GPU memory (``harness.core.memory.tidy``: ``keep_bytes`` is what it may
+        still hold on purpose; ``None``: collect and empty the cache), then unlock (idempotent)."""
         if not self._fds:
             return
-        from moe_fq_parity.harness.core.memory import release
+        from moe_fq_parity.harness.core.memory import tidy
 
         # a failed test's traceback (kept by pytest for post-mortem debugging) would keep its frames' tensors
         for name in ("last_exc", "last_type", "last_value", "last_traceback"):
             if hasattr(sys, name):
                 setattr(sys, name, None)
         try:
-            release()
+            tidy(keep_bytes)
         finally:
             for fd in self._fds:
                 fcntl.flock(fd, fcntl.LOCK_UN)

@@ -314,6 +314,8 @@ class _CaseTensors:
     inputs: Any
     expected: Any
     mem_base: Optional[int]
+    device_bytes: int = 0
+    """CUDA bytes the inputs and reference outputs hold (0 off CUDA)."""
 
 
 _CURRENT: list[_CaseTensors] = []
@@ -344,24 +346,21 @@ def _case_tensors(case, seed: int, device: str) -> _CaseTensors:
 
     base = allocated(torch.device(device))
     inputs = make_inputs(case, seed, device)
-    _CURRENT.append(_CaseTensors(key, inputs, expected_forward(inputs), base))
+    expected = expected_forward(inputs)
+    after = allocated(torch.device(device))
+    _CURRENT.append(_CaseTensors(key, inputs, expected, base, (after - base) if after is not None and base is not None else 0))
     return _CURRENT[0]
 
 
-RELEASE_BYTES = 64 << 20
-"""Dropping a case at least this large also returns PyTorch's cached device memory."""
+def _current_bytes() -> int:
+    return _CURRENT[0].device_bytes if _CURRENT else 0
 
 
 def _drop_case_tensors() -> None:
-    if not _CURRENT:
-        return
-    entry = _CURRENT.pop()
-    large = entry.inputs.nbytes >= RELEASE_BYTES
-    del entry
-    if large:
-        from moe_fq_parity.harness.core.memory import release
-
-        release()
+    """Drop the current case's tensors (freed by reference counting; ``tidy`` on the lease's release
+    collects cycles only when memory stays allocated)."""
+    if _CURRENT:
+        del _CURRENT[0]
 
 
 def _parity_case_of(item: Optional[pytest.Item]) -> Any:
@@ -413,11 +412,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
         from .gpu_lease import acquire
 
         lease = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=_preferred_gpu(item))
+        from moe_fq_parity.harness.core.memory import allocated_here
+
+        before = allocated_here() - _current_bytes()  # what the process held apart from the case cache
     try:
         yield
     finally:
         if lease is not None:
-            lease.release()
+            lease.release(keep_bytes=max(0, before) + _current_bytes())
 
 
 @pytest.fixture

@@ -228,3 +228,32 @@ def test_every_check_of_the_ultra_case_stays_within_the_memory_budget(case, back
     del inputs, expected, ctx
     memory.release(device)
     assert torch.cuda.memory_allocated(device) - before < 64 << 20, "the case's tensors outlived the test"
+
+
+def test_tidy_collects_only_when_memory_outlived_its_test(monkeypatch):
+    """Between GPU tests: a full garbage collection (0.2-0.4 s in a pytest process) only when more
+    than ``keep_bytes`` + slack is still allocated; the cache emptied only when much of it is unused."""
+    import gc
+
+    from moe_fq_parity.harness.core import memory
+
+    state = {"allocated": 0, "reserved": 0}
+    calls = {"gc": 0, "empty": 0}
+    cuda = memory.torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda dev=None: state["allocated"])
+    monkeypatch.setattr(cuda, "memory_reserved", lambda dev=None: state["reserved"])
+    monkeypatch.setattr(cuda, "empty_cache", lambda: calls.__setitem__("empty", calls["empty"] + 1))
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.__setitem__("gc", calls["gc"] + 1) or 0)
+    slack = memory.TIDY_SLACK_BYTES
+    state.update(allocated=5 << 30, reserved=(5 << 30) + slack // 2)
+    memory.tidy(keep_bytes=5 << 30)  # holds what it should, little unused cache: nothing to do
+    assert calls == {"gc": 0, "empty": 0}
+    state.update(allocated=(5 << 30) + slack + 1, reserved=(7 << 30) + 2 * slack)
+    memory.tidy(keep_bytes=5 << 30)  # more than it should hold, and a large unused cache
+    assert calls == {"gc": 1, "empty": 1}
+    memory.tidy(keep_bytes=None)  # no expectation given: always collect
+    assert calls["gc"] == 2
+    assert memory.allocated_here() == state["allocated"]
