@@ -118,3 +118,27 @@ def test_periodic_writes_are_compact_and_spaced_by_their_cost(tmp_path, monkeypa
     rw.finish(complete=True, html=False)
     assert "\n" in writes[-1] and rw.write_s >= 0.1
     assert loads_strict(writes[-1])["records"][0]["x"] == "nan"
+
+
+def test_a_report_with_perf_records_validates_and_compares(tmp_path):
+    """Reports with ``perf`` records (written by default where CUDA is, here forced with --perf) follow
+    the schema, so ``compare`` and ``merge`` read them; the timer names the clock and the entry."""
+    import json
+
+    from moe_fq_parity.harness.run.cli import main
+    from moe_fq_parity.reports.schema import load
+
+    for name in ("a", "b"):
+        assert main(["run", "--no-progress", "--no-sections", "--perf", "--backend", "reference", "--checks", "forward",
+                     "--case", "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0", "--out", str(tmp_path / name)]) == 0
+    report = load(tmp_path / "a" / "report.json")
+    timers = [r["perf"]["timer"] for r in report["records"] if r.get("perf")]
+    assert timers and all(t.startswith("perf_counter; ") for t in timers), timers
+    assert main(["compare", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "report.json"), "--threshold", "1000"]) == 0
+    bad = json.loads((tmp_path / "a" / "report.json").read_text())
+    next(r for r in bad["records"] if r.get("perf"))["perf"]["timer"] = "stopwatch"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    import pytest
+
+    with pytest.raises(ValueError, match="does not follow report schema"):
+        load(tmp_path / "bad.json")
