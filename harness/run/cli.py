@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"{' | '.join(NAMES)} | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
     r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
     r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
-    r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable)")
+    r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable); such a run has no report sections")
     r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
     r.add_argument("--mode", default="strict", choices=VERDICT_MODES, help="forward verdict: strict (0 ULP) or 1-ulp (upstream)")
     r.add_argument("--nan-bits", default=DEFAULT_NAN_BITS, choices=NAN_BITS_MODES,
@@ -131,6 +131,12 @@ def _cmd_run(args) -> int:
     from .runner import RunConfig, run, validate_config
 
     sections = () if args.no_sections else (tuple(args.sections) if args.sections is not None else None)
+    if args.case:
+        if sections:
+            print("error: --sections run with a suite (their rows are per suite); --case runs the named cases only: "
+                  "drop --sections, or use --suite", file=sys.stderr)
+            return 2
+        sections = ()  # the report sections belong to suites: a run of named cases has none
     try:  # every argument is checked before anything is written: a typo never touches an earlier report
         validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
     except ValueError as exc:

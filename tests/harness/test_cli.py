@@ -50,6 +50,16 @@ def test_report_says_where_the_time_went(tmp_path, capsys):
     assert "time: inputs" in capsys.readouterr().err
 
 
+def test_named_cases_run_without_the_suite_sections(tmp_path, capsys):
+    """``--case`` runs those cases only: no report section (they are per suite) fails the run."""
+    out = tmp_path / "o"
+    assert main(["run", "--no-progress", "--backend", "reference", "--case", ONE, "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["sections"] == [] and report["meta"]["suite"] == "custom"
+    assert main(["run", "--no-progress", "--case", ONE, "--sections", "moe", "--out", str(tmp_path / "p")]) == 2
+    assert "--sections run with a suite" in capsys.readouterr().err and not (tmp_path / "p" / "report.json").exists()
+
+
 def test_failing_backend_exits_nonzero_and_repro_reruns_the_case(tmp_path):
     rc, report = _run(tmp_path, "--backend", f"{BROKEN}:OneUlpHigh", "--case", ONE, "--checks", "forward")
     assert rc == 1 and report["records"][0]["verdict"] == "fail"
@@ -143,8 +153,9 @@ def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "bad": "tests.harness.fake_sections:failing",
                                                 "gone": "tests.harness.no_such_module:run"})
     out = tmp_path / "out"
-    rc = main(["run", "--no-progress", "--backend", "reference", "--case", ONE, "--checks", "forward", "--out", str(out)])
+    rc = main(["run", "--no-progress", "--backend", "reference", "--suite", "smoke", "--cases", ONE, "--checks", "forward", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
+    assert [r["case_id"] for r in report["records"]] == [ONE]
     assert rc == 1 and [s["verdict"] for s in report["sections"]] == ["pass", "fail", "skip"]
     assert "No module named" in report["sections"][2]["rows"][0]["message"]
     html = (out / "report.html").read_text()
