@@ -67,3 +67,22 @@ def test_perf_record_takes_the_reference_loop_time_of_the_expected_outputs() -> 
     assert perf.perf.loop_us == expected.loop_us
     assert perf.perf.speedup_vs_loop == pytest.approx(expected.loop_us / perf.perf.time_us)
     assert "x the per-expert eager loop" in perf.message
+
+
+def test_small_cases_time_only_the_public_call(monkeypatch) -> None:
+    """Below ``DETAIL_BYTES`` the kernel alone and the unchecked call are not timed (no compiled
+    variant is added for them); at or above it they are."""
+    from moe_fq_parity.cases import make_inputs, parse_case
+    from moe_fq_parity.harness.backends import load
+    from moe_fq_parity.harness.checks import CheckContext, perf, run_case_checks
+
+    lb = load("triton")
+    if not lb.available:
+        pytest.skip(lb.why_not)
+    inputs = make_inputs(parse_case("int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"), 1234, lb.device or "cpu")
+    rec = [r for r in run_case_checks(CheckContext(lb, inputs, 1234, copy_gbps=100.0), ["forward", "perf"]) if r.check == "perf"][0]
+    assert rec.verdict == "pass" and rec.perf.kernel_us is None and rec.perf.unchecked_us is None and rec.perf.host_us > 0
+    assert "kernel" not in rec.message and "host" in rec.message
+    monkeypatch.setattr(perf, "DETAIL_BYTES", inputs.nbytes)
+    rec = [r for r in run_case_checks(CheckContext(lb, inputs, 1234, copy_gbps=100.0), ["forward", "perf"]) if r.check == "perf"][0]
+    assert rec.perf.kernel_us > 0 and rec.perf.unchecked_us > 0 and "kernel" in rec.message
