@@ -207,7 +207,7 @@ def compare_each(count: int, expected: Callable[[int], torch.Tensor], got: Seque
         g = got[k].detach()
         numel.append(e.numel())
         if e.dtype in _BITS and g.dtype == e.dtype and g.shape == e.shape and g.device == e.device:
-            stats.append(torch.stack([(_raw_bits(e) != _raw_bits(g)).sum(), torch.isfinite(e).sum()]))
+            stats.append(torch.stack([(~raw_bits_equal(e, g)).sum(), torch.isfinite(e).sum()]))
         else:
             stats.append(None)  # not comparable this way (the full comparison says why)
         del e

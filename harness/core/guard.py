@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from .equality import _raw_bits
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread by the runner's handler: ends a run like Ctrl-C does
@@ -61,14 +63,6 @@ def _weights(n: int, device: torch.device) -> torch.Tensor:
         w = (torch.arange(max(n, _BATCH), dtype=torch.int64, device=device) * 2654435761) % 2147483629 + 1
         _WEIGHTS[device] = w
     return w[:n]
-
-
-_BIT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().reshape(-1)
-    return flat.contiguous().view(_BIT_VIEW[flat.dtype]) if flat.dtype in _BIT_VIEW else flat
 
 
 def _large_sum(flat: torch.Tensor) -> torch.Tensor:
@@ -125,7 +119,7 @@ def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
             heads.append(None)
             continue
         heads.append((tuple(t.shape), t.dtype, t.device))
-        flat = _bits(t)
+        flat = _raw_bits(t.detach()).reshape(-1)
         if flat.numel() > _SMALL:
             sums[i] = _large_sum(flat)
             continue

@@ -49,3 +49,16 @@ def test_block_scales_follow_reference_static_steps():
     assert got.shape == (3, 8, 2) and got.dtype == torch.float32
     assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
     assert not torch.equal(got, block_scales(st["_amax"], st["_global_amax"] * 3))
+
+
+@pytest.mark.parametrize("which", ["ep", "tp"])
+def test_a_sync_refuses_to_skip_a_buffer_the_format_does_not_have(which):
+    """A typo in ``skip`` (the negative controls' knob) would silently sync everything: it raises,
+    also where the sync has no group (EP or TP of 1)."""
+    from moe_fq_parity.harness.sections.dist.quant import sync_ep
+
+    qf = quant_format("nvfp4/static")
+    sync = (lambda **kw: sync_ep({}, qf, None, **kw)) if which == "ep" else (lambda **kw: sync_tp({}, "fc1", qf, None, **kw))
+    sync(skip=frozenset({"_global_amax"}))  # a buffer it has: fine
+    with pytest.raises(ValueError, match=r"\['_global_amx'\] that nvfp4/static does not have"):
+        sync(skip=frozenset({"_global_amx"}))

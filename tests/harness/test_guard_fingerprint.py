@@ -60,7 +60,7 @@ def test_many_small_tensors_spill_into_several_batches(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_the_gpu_one_synchronisation_and_the_same_sums_as_on_the_host():
+def test_on_the_gpu_the_same_sums_as_on_the_host():
     ts = [t for t in _inputs(3) if t is not None]
     host = guard.fingerprint(ts)
     dev = guard.fingerprint([t.cuda() for t in ts])

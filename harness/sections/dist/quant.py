@@ -157,6 +157,13 @@ def calibrate(w: torch.Tensor, qf: QuantFormat, *, experts: Optional[str] = None
     return state
 
 
+def _check_skip(qf: QuantFormat, skip: frozenset[str]) -> None:
+    """``ValueError`` when ``skip`` names a buffer ``qf`` does not have (a typo would silently sync all)."""
+    unknown = set(skip) - {b.name for b in qf.buffers}
+    if unknown:
+        raise ValueError(f"skip names buffers {sorted(unknown)} that {qf.id} does not have")
+
+
 def sync_ep(
     state: dict[str, torch.Tensor], qf: QuantFormat, group: Optional[dist.ProcessGroup], *, skip: frozenset[str] = frozenset()
 ) -> None:
@@ -168,9 +175,7 @@ def sync_ep(
     state it merges different experts' scales (``granularity_violations`` names them).
     ``skip`` names buffers to leave unsynced (negative controls); ``group=None`` (EP=1) does nothing.
     """
-    unknown = set(skip) - {b.name for b in qf.buffers}
-    if unknown:
-        raise ValueError(f"skip names buffers {sorted(unknown)} that {qf.id} does not have")
+    _check_skip(qf, skip)
     if group is None:
         return
     for b in qf.buffers:
@@ -186,9 +191,7 @@ def sync_tp(
     ``skip`` names buffers to leave unsynced (the negative control ``{"_global_amax"}``).
     ``group=None`` (TP=1) does nothing.
     """
-    unknown = set(skip) - {b.name for b in qf.buffers}
-    if unknown:
-        raise ValueError(f"skip names buffers {sorted(unknown)} that {qf.id} does not have")
+    _check_skip(qf, skip)
     if group is None:
         return
     for b in qf.buffers:
