@@ -15,7 +15,9 @@ from .tiles import expert_geometry, expert_ptr, tile_2d, tile_count
 from .tl_rounding import bits_to_f32
 
 
-@triton.jit
+# n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
+# call would otherwise compile a kernel of its own (about a second per variant on a cold cache).
+@triton.jit(do_not_specialize=["n_experts"])
 def clipped_bwd_kernel(
     x_ptr,  # weight bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
     g_ptr,  # gradient bits: stacked; list: base, expert e at g_ptr + meta[4, e]

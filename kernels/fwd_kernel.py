@@ -165,7 +165,9 @@ def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
     return (q * ds8) * gd
 
 
-@triton.jit
+# n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
+# call would otherwise compile a kernel of its own (about a second per variant on a cold cache).
+@triton.jit(do_not_specialize=["n_experts"])
 def fake_quant_fwd_kernel(
     x_ptr,  # input bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
     y_ptr,  # output bits: stacked [N, rows, cols]; list: one buffer, expert e at y_ptr + meta[1, e]

@@ -192,3 +192,30 @@ def test_default_checks_do_not_sync_and_raise_later() -> None:
         kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")  # the copy has landed: raised here
     kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")
     kernels.raise_pending_errors()  # cleared: nothing left
+
+
+def _compiled_variants(jit_fn) -> int:
+    """How many compiled kernels ``jit_fn`` holds across devices (Triton's per-device kernel caches)."""
+    return sum(len(entry[0]) for entry in jit_fn.device_caches.values())
+
+
+def test_one_expert_calls_reuse_the_grouped_kernel() -> None:
+    """A one-expert call compiles nothing new after a grouped call of the same format and shape:
+    ``n_experts`` is not specialised (Triton turns an int argument equal to 1 into a constant).
+    The shape is small, so both calls get the same tile and tiles per program."""
+    from moe_fq_parity.kernels.bwd_kernel import clipped_bwd_kernel
+    from moe_fq_parity.kernels.fwd_kernel import fake_quant_fwd_kernel
+
+    ws = [torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    grads = [torch.randn_like(w) for w in ws]
+    amax = torch.full((3,), 2.0, device="cuda")
+    kernels.fake_quant_experts(ws, amax, "int8")
+    kernels.ste_backward_experts(ws, amax, grads, "clipped")
+    before = _compiled_variants(fake_quant_fwd_kernel), _compiled_variants(clipped_bwd_kernel)
+    one = kernels.fake_quant_experts(ws[:1], amax[:1], "int8")
+    one_grad = kernels.ste_backward_experts(ws[:1], amax[:1], grads[:1], "clipped")
+    kernels.raise_pending_errors()
+    after = _compiled_variants(fake_quant_fwd_kernel), _compiled_variants(clipped_bwd_kernel)
+    assert after == before, f"compiled kernels (forward, backward): {before} after the grouped calls, {after} after the one-expert calls"
+    assert_same_bits(one, reference.fake_quant_experts(ws[:1], amax[:1], "int8"), case="one-expert/forward")
+    assert_same_bits(one_grad, reference.ste_backward_experts(ws[:1], amax[:1], grads[:1], "clipped"), case="one-expert/backward")
