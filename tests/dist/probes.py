@@ -53,6 +53,13 @@ def echo_job(ctx: RankContext, payload: Any) -> dict:
     }
 
 
+def stamp_job(ctx: RankContext, payload: Any) -> dict:
+    """Sleeps ``payload`` seconds; returns when it started and ended (wall clock, for overlap checks)."""
+    start = time.time()
+    time.sleep(float(payload))
+    return {"rank": ctx.rank, "start": start, "end": time.time()}
+
+
 PROBES = {
     "hang": (hang_job, {"timeout_s": 3.0}),
     "raise": (raise_job, {}),

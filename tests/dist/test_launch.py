@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist.launch import pack, unpack
+from moe_fq_parity.harness.sections.dist.launch import RankFailure, pack, run_layouts, unpack
+from moe_fq_parity.harness.sections.dist.layout import Layout
 
-from .probes import PROBES
+from .probes import PROBES, raise_job, stamp_job
 
 pytestmark = pytest.mark.dist
 
@@ -55,3 +56,25 @@ def test_pack_unpack_is_bit_exact():
     assert back["e"].shape == (2, 0)
     packed = pack(obj)
     assert sum(isinstance(v, torch.Tensor) for v in packed["buffers"].values()) == 2
+
+
+def _spans(runs: list) -> list[tuple[float, float]]:
+    return [(min(r["start"] for r in ranks), max(r["end"] for r in ranks)) for ranks in runs]
+
+
+def test_layouts_overlap_when_their_ranks_fit_and_queue_when_they_do_not():
+    """``run_layouts``: two 2-rank layouts with 4 slots run at once; with 2 slots one after the
+    other; results in call order, each with all its ranks."""
+    calls = [(stamp_job, 1.0, Layout(1, 2)), (stamp_job, 1.0, Layout(2, 1))]
+    together = run_layouts(calls, slots=4)
+    assert [[r["rank"] for r in ranks] for ranks in together] == [[0, 1], [0, 1]]
+    (a0, a1), (b0, b1) = _spans(together)
+    assert max(a0, b0) < min(a1, b1), f"4 slots: the layouts ran one after the other: {_spans(together)}"
+    (a0, a1), (b0, b1) = _spans(run_layouts(calls, slots=2))
+    assert a1 <= b0 or b1 <= a0, f"2 slots: the layouts overlapped: {[(a0, a1), (b0, b1)]}"
+
+
+def test_a_failing_layout_gives_its_error_in_place_and_the_others_run():
+    runs = run_layouts([(stamp_job, 0.0, Layout(1, 2)), (raise_job, None, Layout(1, 2)), (stamp_job, 0.0, Layout(1, 1))], slots=8)
+    assert isinstance(runs[1], RankFailure) and "rank 1 fails on purpose" in str(runs[1]), runs[1]
+    assert [len(runs[0]), len(runs[2])] == [2, 1]

@@ -25,11 +25,13 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -264,3 +266,53 @@ def run_ranks(
         return [unpack(torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)) for r in range(layout.world)]
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def cpu_slots() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks on this OS
+        return max(1, os.cpu_count() or 1)
+
+
+def run_layouts(
+    calls: Sequence[tuple[Job, Any, Layout]],
+    *,
+    device: str = "cpu",
+    workdir: Optional[str] = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    slots: Optional[int] = None,
+) -> list[Union[list[dict], RankFailure, RankTimeout]]:
+    """``run_ranks(job, payload, layout)`` for each call; results in call order, a call whose ranks
+    failed or hung gives its ``RankFailure``/``RankTimeout`` in its place.
+
+    On the CPU (gloo) several layouts run at once while their ranks fit in ``slots`` (default
+    ``cpu_slots()``; a layout wider than ``slots`` runs alone): each rank is a one-thread
+    process, so the layouts of a 16-CPU host overlap where a 2-CPU host runs them one after
+    another, as before.  With NCCL they run one at a time (every layout uses GPUs 0..world-1).
+    Each call keeps its own deadline, port and result folder.
+    """
+    free = 1 if device == "cuda" else (slots or cpu_slots())
+    lock = threading.Condition()
+    busy = [0]
+
+    def one(call: tuple[Job, Any, Layout]) -> Union[list[dict], RankFailure, RankTimeout]:
+        job, payload, layout = call
+        need = 1 if device == "cuda" else min(layout.world, free)
+        with lock:
+            lock.wait_for(lambda: busy[0] + need <= free)
+            busy[0] += need
+        try:
+            return run_ranks(job, payload, layout, device=device, workdir=workdir, timeout_s=timeout_s)
+        except (RankFailure, RankTimeout) as exc:
+            return exc
+        finally:
+            with lock:
+                busy[0] -= need
+                lock.notify_all()
+
+    if len(calls) <= 1 or free <= 1:
+        return [one(c) for c in calls]
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dist-layout") as pool:
+        return list(pool.map(one, calls))

@@ -3,7 +3,8 @@
 ``run_plan(plan, workdir)`` runs, in order:
 
 1. **truth** -- the model at TP=1/EP=1 in this process (``oracle.build_truth``);
-2. **save** -- one ``run_ranks(save_job)`` per save layout: calibrate + sync, report parameters
+2. **save** -- one ``run_ranks(save_job)`` per save layout (``run_layouts``: several at once where
+   the CPUs allow): calibrate + sync, report parameters
    (-> ``invariance/{layout}/{format}`` rows, and for NVFP4 under TP>1 the negative control
    ``negative/no_global_amax_sync/{layout}``), save one checkpoint per (quantizer layout,
    format), plus local-index checkpoints under EP>1 (negative control);
@@ -12,7 +13,7 @@
    ``negative/payload_bitflip/content/{ckpt}``: one flipped bit in a stored weight, which DCP
    loads without complaint);
 4. **bad inputs** -- checkpoints that must not load (``bad_inputs``);
-5. **load** -- one ``run_ranks(load_job)`` per load layout, loading every checkpoint of every
+5. **load** -- one ``run_ranks(load_job)`` per load layout (likewise), loading every checkpoint of every
    save layout (``roundtrip/{save}->{load}/{qlayout}/{format}``), the local-index checkpoints of
    the same layout with the local-index reader (``negative/local_index/{save}->{load}/...``),
    and every bad input (``bad_input/{kind}/{load}``).
@@ -27,7 +28,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -38,7 +39,7 @@ from .checks import Verdict, negative_control, verdict_from_diffs
 from .engines import ENGINES
 from .jobs import EP_SYNC_ON_PER_EXPERT, NO_EP_GLOBAL_SYNC, NO_EP_SYNC, NO_GLOBAL_SYNC, CkptTask, LoadPayload, SavePayload, load_job, save_job
 from .judge import bad_input_verdict, canonical_diffs, granularity_verdict, invariance_verdict, roundtrip_verdict
-from .launch import DEFAULT_TIMEOUT_S, RankFailure, RankTimeout, run_ranks
+from .launch import DEFAULT_TIMEOUT_S, run_layouts
 from .layout import Coords, Layout
 from .model import FCS, MoEConfig
 from .oracle import Truth, build_truth, content_verdict, truth_entries
@@ -139,13 +140,22 @@ def _save_tasks(plan: DistPlan, lay: Layout, workdir: str) -> tuple[list[CkptTas
     return good, neg
 
 
-def _stage_save(plan: DistPlan, lay: Layout, truth: Truth, workdir: str, out: list[SectionRow]) -> list[_Saved]:
-    good, neg = _save_tasks(plan, lay, workdir)
-    payload = SavePayload(plan.seed, plan.cfg, plan.engine, plan.qf_ids, tuple(good + neg))
-    try:
-        ranks = run_ranks(save_job, payload, lay, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
-    except (RankFailure, RankTimeout) as exc:
-        out.append(Verdict(f"save/{lay.id}", "fail", {"save": lay.id, "engine": plan.engine}, f"save ranks failed: {exc}"))
+def _stage_save(plan: DistPlan, truth: Truth, workdir: str, out: list[SectionRow]) -> list[_Saved]:
+    """Every save layout's ranks (``run_layouts``: at once where the CPUs allow), then their rows in layout order."""
+    tasks = [_save_tasks(plan, lay, workdir) for lay in plan.save_layouts]
+    calls = [(save_job, SavePayload(plan.seed, plan.cfg, plan.engine, plan.qf_ids, tuple(good + neg)), lay)
+             for lay, (good, neg) in zip(plan.save_layouts, tasks)]
+    runs = run_layouts(calls, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
+    saved: list[_Saved] = []
+    for lay, (good, neg), ranks in zip(plan.save_layouts, tasks, runs):
+        saved += _judge_save(plan, lay, good, neg, ranks, truth, out)
+    return saved
+
+
+def _judge_save(plan: DistPlan, lay: Layout, good: list[CkptTask], neg: list[CkptTask], ranks: Union[list[dict], Exception], truth: Truth,
+                out: list[SectionRow]) -> list[_Saved]:
+    if isinstance(ranks, Exception):
+        out.append(Verdict(f"save/{lay.id}", "fail", {"save": lay.id, "engine": plan.engine}, f"save ranks failed: {ranks}"))
         return []
     for qf in plan.qf_ids:
         fields = {"save": lay.id, "format": qf, "engine": plan.engine}
@@ -280,12 +290,18 @@ def _load_tasks(plan: DistPlan, saved: list[_Saved], lay: Layout, bad: list[BadC
     return tasks + [b.task for b in bad]
 
 
-def _stage_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, out: list[Verdict]) -> None:
-    tasks = _load_tasks(plan, saved, lay, bad)
-    try:
-        ranks = run_ranks(load_job, LoadPayload(plan.seed, plan.engine, tuple(tasks)), lay, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
-    except (RankFailure, RankTimeout) as exc:
-        out.append(Verdict(f"load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {exc}"))
+def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, out: list[Verdict]) -> None:
+    """Every load layout's ranks (``run_layouts``), then their rows in layout order."""
+    calls = [(load_job, LoadPayload(plan.seed, plan.engine, tuple(_load_tasks(plan, saved, lay, bad))), lay) for lay in plan.load_layouts]
+    runs = run_layouts(calls, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
+    for lay, ranks in zip(plan.load_layouts, runs):
+        _judge_load(plan, lay, saved, bad, ranks, truth, out)
+
+
+def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], ranks: Union[list[dict], Exception], truth: Truth,
+                out: list[Verdict]) -> None:
+    if isinstance(ranks, Exception):
+        out.append(Verdict(f"load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}"))
         return
     coords = [Coords(*r["coords"]) for r in ranks]
     for s in saved:
@@ -347,9 +363,7 @@ def _run_plan(plan: DistPlan, workdir: str) -> list[SectionRow]:
         return [Verdict(f"engine/{plan.engine}", "skip", {"engine": plan.engine}, why)]
     truth = build_truth(plan.cfg, plan.seed, plan.qf_ids)
     out: list[SectionRow] = []
-    saved: list[_Saved] = []
-    for lay in plan.save_layouts:
-        saved += _stage_save(plan, lay, truth, workdir, out)
+    saved = _stage_save(plan, truth, workdir, out)
     _stage_content(saved, truth, out)
     if plan.negative_controls:
         _vector_size_rows(saved, truth, out)
@@ -359,6 +373,5 @@ def _run_plan(plan: DistPlan, workdir: str) -> list[SectionRow]:
     if plan.bad_inputs:
         good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}
         bad = make_bad_cases(os.path.join(workdir, "bad"), plan.cfg, plan.seed, good)
-    for lay in plan.load_layouts:
-        _stage_load(plan, lay, saved, bad, truth, workdir, out)
+    _stage_load(plan, saved, bad, truth, workdir, out)
     return out
