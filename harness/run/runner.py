@@ -273,7 +273,9 @@ def _run_locked(cfg: RunConfig) -> int:
         phases["total"] = time.perf_counter() - started
         writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
         writer.finish(complete=True)
-        print("time: " + ", ".join(f"{k} {phases[k]:.1f} s" for k in PHASES), file=sys.stderr)
+        per_section = ", ".join(f"{s['name']} {s['seconds']:.1f}" for s in sections if "seconds" in s)
+        print("time: " + ", ".join(f"{k} {phases[k]:.1f} s" + (f" ({per_section})" if k == "sections" and per_section else "") for k in PHASES),
+              file=sys.stderr)
     except Terminated:
         writer.finish(complete=False, error="terminated (SIGTERM)")
         print(f"terminated: partial report in {writer.json_path}", file=sys.stderr)

@@ -9,6 +9,7 @@ each section as one table; a section fails when any of its rows fails.
 from __future__ import annotations
 
 import importlib
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Optional
@@ -106,9 +107,15 @@ def run_section(name: str, target: str, suite: str, seed: int, device: str) -> S
 
 
 def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None) -> list[dict[str, Any]]:
-    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``)."""
+    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``), each with the wall
+    ``seconds`` it took."""
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in SECTION_RUNNERS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; known: {sorted(SECTION_RUNNERS)}")
-    return [run_section(n, SECTION_RUNNERS[n], suite, seed, device).to_json() for n in chosen]
+    out = []
+    for n in chosen:
+        t0 = time.perf_counter()
+        section = run_section(n, SECTION_RUNNERS[n], suite, seed, device).to_json()
+        out.append(section | {"seconds": round(time.perf_counter() - t0, 3)})
+    return out

@@ -147,7 +147,7 @@ def test_baseline_regression_fails_the_run(tmp_path):
     assert "Against the baseline" in (tmp_path / "out" / "report.html").read_text()
 
 
-def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch):
+def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch, capsys):
     from moe_fq_parity.harness import sections as sr
 
     monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "bad": "tests.harness.fake_sections:failing",
@@ -158,6 +158,8 @@ def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch):
     assert [r["case_id"] for r in report["records"]] == [ONE]
     assert rc == 1 and [s["verdict"] for s in report["sections"]] == ["pass", "fail", "skip"]
     assert "No module named" in report["sections"][2]["rows"][0]["message"]
+    assert all(s["seconds"] >= 0 for s in report["sections"])  # each section's own time ...
+    assert "(ok 0.0, bad 0.0, gone 0.0)" in capsys.readouterr().err  # ... also on the time line
     html = (out / "report.html").read_text()
     assert "Section: fake passing section" in html and "&lt;b&gt;not bold&lt;/b&gt;" in html
 
