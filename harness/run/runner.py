@@ -261,7 +261,15 @@ def _run_locked(cfg: RunConfig) -> int:
         _run_cases(cfg, writer, copy_gbps, phases)
         names = cfg.section_names()
         t0 = time.perf_counter()
-        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names) if names else []
+        def section_done(done: list[dict]) -> None:
+            last = done[-1]
+            print(f"section {last['name']}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
+            phases["sections"] = time.perf_counter() - t0
+            phases["total"] = time.perf_counter() - started
+            writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
+            writer.set_sections(done)
+
+        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names, on_done=section_done) if names else []
         phases["sections"] = time.perf_counter() - t0
         writer.set_sections(sections)
         if cfg.baseline is not None:

@@ -12,7 +12,7 @@ import importlib
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 VERDICTS = ("pass", "fail", "skip")
 
@@ -106,9 +106,11 @@ def run_section(name: str, target: str, suite: str, seed: int, device: str) -> S
     return section
 
 
-def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None) -> list[dict[str, Any]]:
+def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None,
+                 on_done: Optional[Callable[[list[dict[str, Any]]], None]] = None) -> list[dict[str, Any]]:
     """JSON of the selected sections (default: all of ``SECTION_RUNNERS``), each with the wall
-    ``seconds`` it took."""
+    ``seconds`` it took; ``on_done(sections so far)`` is called after each one (progress, and a
+    report that keeps the finished sections if the run is cut off)."""
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in SECTION_RUNNERS]
     if unknown:
@@ -118,4 +120,6 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
         t0 = time.perf_counter()
         section = run_section(n, SECTION_RUNNERS[n], suite, seed, device).to_json()
         out.append(section | {"seconds": round(time.perf_counter() - t0, 3)})
+        if on_done is not None:
+            on_done(list(out))
     return out

@@ -9,3 +9,7 @@ def passing(suite: str, seed: int, device: str) -> Section:
 
 def failing(suite: str, seed: int, device: str) -> Section:
     return Section("bad", "fake failing section", ["x"], [SectionRow("bad/1", "fail", {"x": "<b>not bold</b>"}, repro="echo", message="broken")])
+
+
+def interrupted(suite: str, seed: int, device: str) -> Section:
+    raise KeyboardInterrupt  # a run cut off (Ctrl-C) while this section runs

@@ -159,9 +159,22 @@ def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch, capsys)
     assert rc == 1 and [s["verdict"] for s in report["sections"]] == ["pass", "fail", "skip"]
     assert "No module named" in report["sections"][2]["rows"][0]["message"]
     assert all(s["seconds"] >= 0 for s in report["sections"])  # each section's own time ...
-    assert "(ok 0.0, bad 0.0, gone 0.0)" in capsys.readouterr().err  # ... also on the time line
+    err = capsys.readouterr().err
+    assert "(ok 0.0, bad 0.0, gone 0.0)" in err  # ... also on the time line
+    assert "section ok: pass, 1 rows in" in err and "section bad: fail, 1 rows in" in err  # progress, one line per section
     html = (out / "report.html").read_text()
     assert "Section: fake passing section" in html and "&lt;b&gt;not bold&lt;/b&gt;" in html
+
+
+def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeypatch):
+    from moe_fq_parity.harness import sections as sr
+
+    monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "cut": "tests.harness.fake_sections:interrupted"})
+    out = tmp_path / "out"
+    rc = main(["run", "--no-progress", "--backend", "reference", "--suite", "smoke", "--cases", ONE, "--checks", "forward", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert rc == 130 and not report["complete"] and "interrupted" in report["error"]
+    assert [s["name"] for s in report["sections"]] == ["ok"] and report["meta"]["phase_s"]["sections"] >= 0
 
 
 def test_list(capsys):
