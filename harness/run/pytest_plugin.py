@@ -247,7 +247,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                   for c, ms in _collected_cases(settings)]
         metafunc.parametrize("parity_case", params)
     if "parity_backend" in metafunc.fixturenames:
-        metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends), scope="session")
+        # function scope keeps the tests case-major (case, then backend, then check): the case's inputs and
+        # reference outputs are built once for all backends (a session-scoped backend made pytest run every
+        # case once per backend, rebuilding them each time)
+        metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -40,3 +40,15 @@ def test_collection_ids_header_and_slow_deselection(tmp_path):
     assert not any("5120x8192" in ln for ln in lines) and "deselected" in proc.stdout
     slow = _pytest(tmp_path, "tests/harness/test_parity.py", "--collect-only", "-m", "slow", "--parity-backend", "reference", "--parity-seed", "5")
     assert "5120x8192" in slow.stdout and "parity: seed=5 " in slow.stdout
+
+
+def test_tests_of_a_case_are_adjacent_across_backends(tmp_path):
+    """Case-major order: every test of a case (all backends, all checks) runs before the next case's,
+    so the plugin builds a case's inputs and reference outputs once (``_case_tensors``)."""
+    proc = _pytest(tmp_path, "tests/harness/test_parity.py", "--collect-only", "-q", "--parity-backend", "reference",
+                   "--parity-backend", "eager-loop", "-k", "int8.cuda/per_expert/stacked")
+    ids = [ln.split("[", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("tests/harness/test_parity.py::test_parity[")]
+    cases = [i.split("-reference-")[0].split("-eager-loop-")[0] for i in ids]
+    runs = [c for k, c in enumerate(cases) if k == 0 or cases[k - 1] != c]
+    assert len(ids) > 20 and len(runs) == len(set(runs)), f"a case's tests are split: {runs[:6]} ..."
+    assert {i.split("-")[-2] for i in ids} >= {"reference", "loop"}
