@@ -4,4 +4,5 @@ import sys
 
 from moe_fq_parity.harness.run.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned process (a report section's) imports the main module
+    sys.exit(main())

@@ -261,8 +261,7 @@ def _run_locked(cfg: RunConfig) -> int:
         _run_cases(cfg, writer, copy_gbps, phases)
         names = cfg.section_names()
         t0 = time.perf_counter()
-        def section_done(done: list[dict]) -> None:
-            last = done[-1]
+        def section_done(done: list[dict], last: dict) -> None:
             print(f"section {last['name']}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
             phases["sections"] = time.perf_counter() - t0
             phases["total"] = time.perf_counter() - started

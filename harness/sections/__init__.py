@@ -9,6 +9,7 @@ each section as one table; a section fails when any of its rows fails.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -106,20 +107,94 @@ def run_section(name: str, target: str, suite: str, seed: int, device: str) -> S
     return section
 
 
+def _timed(name: str, target: str, suite: str, seed: int, device: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    return run_section(name, target, suite, seed, device).to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str) -> None:
+    """Body of a section's own process: its JSON (or the exception's last line) through ``conn``."""
+    try:
+        conn.send(("ok", _timed(name, target, suite, seed, device)))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent as a failed section
+        conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
+    finally:
+        conn.close()
+
+
+PARALLEL_MIN_CPUS = 4
+"""``run_sections(parallel=None)`` runs the sections at once only on hosts with at least this many CPUs."""
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this OS
+        return os.cpu_count() or 1
+
+
 def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None,
-                 on_done: Optional[Callable[[list[dict[str, Any]]], None]] = None) -> list[dict[str, Any]]:
-    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``), each with the wall
-    ``seconds`` it took; ``on_done(sections so far)`` is called after each one (progress, and a
-    report that keeps the finished sections if the run is cut off)."""
+                 on_done: Optional[Callable[[list[dict[str, Any]], dict[str, Any]], None]] = None, parallel: Optional[bool] = None) -> list[dict[str, Any]]:
+    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``) in the order chosen, each
+    with the wall ``seconds`` it took; ``on_done(sections so far, the one just finished)`` is called as each one finishes
+    (progress, and a report that keeps the finished sections if the run is cut off).
+
+    ``parallel`` (default: when the host has ``PARALLEL_MIN_CPUS`` CPUs or more): every section in
+    a process of its own (``spawn``), all at once, so the run waits for the slowest section instead
+    of their sum (on one H100 the nightly's ``moe`` section drives the GPU while ``dist`` runs its
+    gloo ranks on the CPUs).  A section process that dies gives that section one ``fail`` row; an
+    interrupted run kills the section processes it started.
+    """
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in SECTION_RUNNERS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; known: {sorted(SECTION_RUNNERS)}")
-    out = []
-    for n in chosen:
-        t0 = time.perf_counter()
-        section = run_section(n, SECTION_RUNNERS[n], suite, seed, device).to_json()
-        out.append(section | {"seconds": round(time.perf_counter() - t0, 3)})
-        if on_done is not None:
-            on_done(list(out))
-    return out
+    if parallel is None:
+        parallel = _cpus() >= PARALLEL_MIN_CPUS
+    if not parallel or len(chosen) < 2:
+        out = []
+        for n in chosen:
+            out.append(_timed(n, SECTION_RUNNERS[n], suite, seed, device))
+            if on_done is not None:
+                on_done(list(out), out[-1])
+        return out
+    return _run_parallel(chosen, suite, seed, device, on_done)
+
+
+def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
+                  on_done: Optional[Callable[[list[dict[str, Any]], dict[str, Any]], None]]) -> list[dict[str, Any]]:
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context or forkserver state inherited
+    t0 = time.perf_counter()
+    procs: dict[Any, tuple[str, Any]] = {}
+    done: dict[str, dict[str, Any]] = {}
+    try:
+        for n in chosen:
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device), name=f"section-{n}")  # not daemonic: dist starts rank processes
+            p.start()
+            send.close()
+            procs[recv] = (n, p)
+        while procs:
+            for conn in wait(list(procs)):
+                n, p = procs.pop(conn)
+                try:
+                    status, payload = conn.recv()
+                except EOFError:
+                    p.join(5)
+                    status, payload = "error", f"the section process exited with {p.exitcode} before reporting"
+                if status == "ok":
+                    done[n] = payload
+                else:
+                    done[n] = _single(n, "fail", f"section {n} failed in its process: {payload}").to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+                p.join(5)
+                if on_done is not None:
+                    on_done([done[k] for k in chosen if k in done], done[n])
+    finally:
+        for _, p in procs.values():
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+    return [done[n] for n in chosen]

@@ -13,3 +13,18 @@ def failing(suite: str, seed: int, device: str) -> Section:
 
 def interrupted(suite: str, seed: int, device: str) -> Section:
     raise KeyboardInterrupt  # a run cut off (Ctrl-C) while this section runs
+
+
+def sleepy(suite: str, seed: int, device: str) -> Section:
+    """Passes after 2 s; its row says when it ran (wall clock), for overlap checks."""
+    import time
+
+    start = time.time()
+    time.sleep(2.0)
+    return Section("sleepy", "fake sleeping section", ["start", "end"], [SectionRow("sleepy/1", "pass", {"start": start, "end": time.time()})])
+
+
+def dies(suite: str, seed: int, device: str) -> Section:
+    import os
+
+    os._exit(3)  # the process ends without reporting (a crash, an OOM kill)

@@ -170,6 +170,7 @@ def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeyp
     from moe_fq_parity.harness import sections as sr
 
     monkeypatch.setattr(sr, "SECTION_RUNNERS", {"ok": "tests.harness.fake_sections:passing", "cut": "tests.harness.fake_sections:interrupted"})
+    monkeypatch.setattr(sr, "PARALLEL_MIN_CPUS", 1 << 30)  # in this process: the fake Ctrl-C interrupts the run itself
     out = tmp_path / "out"
     rc = main(["run", "--no-progress", "--backend", "reference", "--suite", "smoke", "--cases", ONE, "--checks", "forward", "--out", str(out)])
     report = json.loads((out / "report.json").read_text())

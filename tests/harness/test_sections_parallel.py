@@ -1,0 +1,31 @@
+"""Report sections at once, each in a process of its own (``run_sections(parallel=True)``)."""
+
+from __future__ import annotations
+
+from moe_fq_parity.harness.sections import run_sections
+
+
+def test_sections_run_at_once_in_their_own_processes_and_come_back_in_order(monkeypatch):
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {
+        "a": "tests.harness.fake_sections:sleepy", "bad": "tests.harness.fake_sections:failing",
+        "b": "tests.harness.fake_sections:sleepy", "crash": "tests.harness.fake_sections:dies",
+    })
+    finished: list[str] = []
+    out = run_sections("smoke", 1, "cpu", ["a", "bad", "b", "crash"], on_done=lambda done, last: finished.append(last["title"]), parallel=True)
+    assert [s["verdict"] for s in out] == ["pass", "fail", "pass", "fail"]  # the order chosen, whatever finished first
+    assert sorted(finished) == sorted(s["title"] for s in out)  # one progress call per section
+    (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in (out[0], out[2]))
+    assert max(a0, b0) < min(a1, b1), "the two sleeping sections ran one after the other"
+    assert "exited with 3 before reporting" in out[3]["rows"][0]["message"]
+    assert all(s["seconds"] >= 0 for s in out)
+
+
+def test_serial_sections_run_one_after_the_other(monkeypatch):
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_sections:sleepy", "b": "tests.harness.fake_sections:sleepy"})
+    out = run_sections("smoke", 1, "cpu", ["a", "b"], parallel=False)
+    (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
+    assert a1 <= b0
