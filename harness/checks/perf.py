@@ -8,6 +8,9 @@ public call with checks off (``unchecked_us``), host time per call (``host_us``)
 over the per-expert eager loop (``loop_us``: the reference loop that built the case's expected
 outputs, timed then, so the baseline costs no extra call).
 
+Samples are queued back to back as ``kernels.bench`` times them (``harness.core.timing.time_call``),
+so the public call's time is its device time wherever the host keeps ahead of the device.
+
 Cost per case (kernel backend): 12 calls of the default entry (2 warm-up, 10 timed, each after a
 256 MiB L2 flush) and 11 host-timed default calls; cases of at least ``DETAIL_BYTES`` also 6 each of
 the unchecked and kernel entries (1 warm-up, 5 timed).

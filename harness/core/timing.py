@@ -17,21 +17,32 @@ L2_FLUSH_BYTES = 256 << 20
 
 
 def time_call(fn: Callable[[], object], device: torch.device, *, reps: int = 10, warmup: int = 2) -> tuple[list[float], str]:
-    """Samples (microseconds) of ``fn()`` and the timer's name (``cuda_events`` / ``perf_counter``)."""
+    """Samples (microseconds) of ``fn()`` and the timer's name (``cuda_events`` / ``perf_counter``).
+
+    CUDA: ``warmup`` calls, a synchronisation, then ``reps`` calls queued back to back, each between
+    two events after an L2 flush, and one synchronisation at the end (as ``triton.testing.do_bench``
+    times): while the device runs one call the host prepares the next, so a sample is the call's
+    device time, plus host time only where the host is slower than the device.  (A synchronisation
+    after every sample left the device idle during each call's host work: at the Ultra case the
+    public call's ~0.4 ms of host time appeared in every sample but the first.)
+    CPU: ``perf_counter`` around each call.
+    """
     for _ in range(warmup):
         fn()
     samples = []
     if device.type == "cuda":
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+        torch.cuda.synchronize(device)
+        events = []
         for _ in range(reps):
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        return samples, "cuda_events"
+            events.append((start, end))
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) * 1e3 for start, end in events], "cuda_events"
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()

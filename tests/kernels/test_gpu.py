@@ -219,3 +219,34 @@ def test_one_expert_calls_reuse_the_grouped_kernel() -> None:
     assert after == before, f"compiled kernels (forward, backward): {before} after the grouped calls, {after} after the one-expert calls"
     assert_same_bits(one, reference.fake_quant_experts(ws[:1], amax[:1], "int8"), case="one-expert/forward")
     assert_same_bits(one_grad, reference.ste_backward_experts(ws[:1], amax[:1], grads[:1], "clipped"), case="one-expert/backward")
+
+
+def test_timed_samples_hide_host_time_behind_the_previous_call() -> None:
+    """``harness.core.timing.time_call`` queues its samples: a call with 1 ms of host work before
+    3 ms of device work is timed at about its device time (the host prepares the next call while
+    the device runs this one), not at host + device as when every sample synchronised."""
+    import statistics
+    import time
+
+    from moe_fq_parity.harness.core.timing import time_call
+
+    cycles = 5_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # warm up the sleep kernel
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    device_ms = start.elapsed_time(end)
+    host_ms = device_ms / 3
+
+    def call() -> None:
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e3 < host_ms:  # host work before the launch
+            pass
+        torch.cuda._sleep(cycles)
+
+    samples, timer = time_call(call, torch.device("cuda"), reps=10)
+    median_ms = statistics.median(samples) / 1e3
+    assert timer == "cuda_events"
+    assert median_ms < device_ms + 0.5 * host_ms, f"median {median_ms:.2f} ms for {device_ms:.2f} ms of device and {host_ms:.2f} ms of host work"
