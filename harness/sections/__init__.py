@@ -166,6 +166,8 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
+    from moe_fq_parity.harness.core.processes import startable_main
+
     ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context or forkserver state inherited
     t0 = time.perf_counter()
     procs: dict[Any, tuple[str, Any]] = {}
@@ -174,7 +176,8 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
         for n in chosen:
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device), name=f"section-{n}")  # not daemonic: dist starts rank processes
-            p.start()
+            with startable_main():
+                p.start()
             send.close()
             procs[recv] = (n, p)
         while procs:

@@ -78,3 +78,32 @@ def test_a_failing_layout_gives_its_error_in_place_and_the_others_run():
     runs = run_layouts([(stamp_job, 0.0, Layout(1, 2)), (raise_job, None, Layout(1, 2)), (stamp_job, 0.0, Layout(1, 1))], slots=8)
     assert isinstance(runs[1], RankFailure) and "rank 1 fails on purpose" in str(runs[1]), runs[1]
     assert [len(runs[0]), len(runs[2])] == [2, 1]
+
+
+_FROM_STDIN = """
+import sys
+sys.path.insert(0, {repo!r})
+from moe_fq_parity.harness import sections
+from moe_fq_parity.harness.sections.dist.launch import run_ranks
+from moe_fq_parity.harness.sections.dist.layout import Layout
+from tests.dist.probes import stamp_job
+print("ranks", [r["rank"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))])
+sections.SECTION_RUNNERS.update({{"a": "tests.harness.fake_sections:passing", "b": "tests.harness.fake_sections:passing"}})
+print("sections", [s["verdict"] for s in sections.run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
+import __main__
+print("main", __main__.__file__)
+"""
+
+
+def test_ranks_and_section_processes_start_from_a_script_read_from_stdin():
+    """``python - <<EOF`` names ``<stdin>`` as its main file; the rank and section processes used to
+    die re-running it (``FileNotFoundError``), failing every dist row and every section."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-"], input=_FROM_STDIN.format(repo=repo), capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ranks [0, 1]" in proc.stdout and "sections ['pass', 'pass']" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "main <stdin>" in proc.stdout  # restored afterwards

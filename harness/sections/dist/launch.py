@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from moe_fq_parity.harness.core.processes import startable_main
 from moe_fq_parity.harness.core.tolerances import DIST_PG_TIMEOUT_S, DIST_RUN_TIMEOUT_S
 
 from .layout import MESH_DIMS, Coords, Layout
@@ -255,7 +256,8 @@ def run_ranks(
     try:
         for attempt in range(2):
             spec = LaunchSpec(job, payload, layout, backend, free_port(), out_dir, pg_timeout_s)
-            context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method())
+            with startable_main():
+                context = mp.start_processes(_rank_entry, args=(spec,), nprocs=layout.world, join=False, start_method=_start_method())
             try:
                 _wait(context, time.monotonic() + timeout_s, layout, timeout_s)
                 break
