@@ -164,6 +164,7 @@ def test_sections_run_by_default_and_fail_the_run(tmp_path, monkeypatch, capsys)
     assert "section ok: pass, 1 rows in" in err and "section bad: fail, 1 rows in" in err  # progress, one line per section
     html = (out / "report.html").read_text()
     assert "Section: fake passing section" in html and "&lt;b&gt;not bold&lt;/b&gt;" in html
+    assert "<th>seconds</th>" in html and f'<td class="num">{report["sections"][0]["seconds"]:.1f}</td>' in html
 
 
 def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeypatch):
