@@ -4,7 +4,8 @@ Such children re-run the parent's main script by its path before they run anythi
 objects defined there unpickle).  A parent read from standard input (``python - <<EOF``, common in
 CI scripts) names ``<stdin>`` as its main file, which does not exist: every child died with
 ``FileNotFoundError`` before reporting, and each process-based check failed for a reason that is
-not a finding.  ``startable_main`` hides such a name while processes start.
+not a finding.  ``startable_main`` hides such a name while processes start.  ``usable_cpus`` is how
+many processes of one thread each the host runs at once.
 """
 
 from __future__ import annotations
@@ -41,3 +42,11 @@ def startable_main() -> Iterator[None]:
             if _STATE["depth"] == 0 and _STATE["hidden"] is not None:
                 main.__file__ = _STATE["hidden"]
                 _STATE["hidden"] = None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks on this OS
+        return max(1, os.cpu_count() or 1)

@@ -9,7 +9,6 @@ each section as one table; a section fails when any of its rows fails.
 from __future__ import annotations
 
 import importlib
-import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -126,18 +125,15 @@ PARALLEL_MIN_CPUS = 4
 """``run_sections(parallel=None)`` runs the sections at once only on hosts with at least this many CPUs."""
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity masks on this OS
-        return os.cpu_count() or 1
+OnDone = Callable[[list[dict[str, Any]], dict[str, Any]], None]
+"""``on_done(sections finished so far, in the order chosen; the one just finished)``."""
 
 
-def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None,
-                 on_done: Optional[Callable[[list[dict[str, Any]], dict[str, Any]], None]] = None, parallel: Optional[bool] = None) -> list[dict[str, Any]]:
+def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None, on_done: Optional[OnDone] = None,
+                 parallel: Optional[bool] = None) -> list[dict[str, Any]]:
     """JSON of the selected sections (default: all of ``SECTION_RUNNERS``) in the order chosen, each
-    with the wall ``seconds`` it took; ``on_done(sections so far, the one just finished)`` is called as each one finishes
-    (progress, and a report that keeps the finished sections if the run is cut off).
+    with the wall ``seconds`` it took; ``on_done`` is called as each one finishes (progress, and a
+    report that keeps the finished sections if the run is cut off).
 
     ``parallel`` (default: when the host has ``PARALLEL_MIN_CPUS`` CPUs or more): every section in
     a process of its own (``spawn``), all at once, so the run waits for the slowest section instead
@@ -150,7 +146,9 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     if unknown:
         raise ValueError(f"unknown sections {unknown}; known: {sorted(SECTION_RUNNERS)}")
     if parallel is None:
-        parallel = _cpus() >= PARALLEL_MIN_CPUS
+        from moe_fq_parity.harness.core.processes import usable_cpus
+
+        parallel = usable_cpus() >= PARALLEL_MIN_CPUS
     if not parallel or len(chosen) < 2:
         out = []
         for n in chosen:
@@ -161,8 +159,7 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     return _run_parallel(chosen, suite, seed, device, on_done)
 
 
-def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
-                  on_done: Optional[Callable[[list[dict[str, Any]], dict[str, Any]], None]]) -> list[dict[str, Any]]:
+def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done: Optional[OnDone]) -> list[dict[str, Any]]:
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -175,7 +172,8 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
     try:
         for n in chosen:
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device), name=f"section-{n}")  # not daemonic: dist starts rank processes
+            # not daemonic: a daemonic process may not start processes, and dist starts its ranks
+            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device), name=f"section-{n}")
             with startable_main():
                 p.start()
             send.close()
@@ -191,7 +189,8 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str,
                 if status == "ok":
                     done[n] = payload
                 else:
-                    done[n] = _single(n, "fail", f"section {n} failed in its process: {payload}").to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+                    failed = _single(n, "fail", f"section {n} failed in its process: {payload}")
+                    done[n] = failed.to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
                 p.join(5)
                 if on_done is not None:
                     on_done([done[k] for k in chosen if k in done], done[n])

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from moe_fq_parity.harness.core.processes import startable_main
+from moe_fq_parity.harness.core.processes import startable_main, usable_cpus
 from moe_fq_parity.harness.core.tolerances import DIST_PG_TIMEOUT_S, DIST_RUN_TIMEOUT_S
 
 from .layout import MESH_DIMS, Coords, Layout
@@ -270,14 +270,6 @@ def run_ranks(
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def cpu_slots() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity masks on this OS
-        return max(1, os.cpu_count() or 1)
-
-
 def run_layouts(
     calls: Sequence[tuple[Job, Any, Layout]],
     *,
@@ -290,12 +282,12 @@ def run_layouts(
     failed or hung gives its ``RankFailure``/``RankTimeout`` in its place.
 
     On the CPU (gloo) several layouts run at once while their ranks fit in ``slots`` (default
-    ``cpu_slots()``; a layout wider than ``slots`` runs alone): each rank is a one-thread
+    ``usable_cpus()``; a layout wider than ``slots`` runs alone): each rank is a one-thread
     process, so the layouts of a 16-CPU host overlap where a 2-CPU host runs them one after
     another, as before.  With NCCL they run one at a time (every layout uses GPUs 0..world-1).
     Each call keeps its own deadline, port and result folder.
     """
-    free = 1 if device == "cuda" else (slots or cpu_slots())
+    free = 1 if device == "cuda" else (slots or usable_cpus())
     lock = threading.Condition()
     busy = [0]
 
