@@ -12,6 +12,8 @@ One-GPU phases (each fits a 10-minute job; run them one by one or several at onc
                      building the case's tensors.
 * ``gpu``, ``gpu-xdist``   -- ``pytest -m gpu`` over the whole tree, serial / ``-n auto``.
 * ``slow``, ``slow-xdist`` -- ``pytest -m slow`` over the whole tree, serial / ``-n auto``.
+* ``tiers``, ``tiers-xdist`` -- both tiers in one session, ``pytest -m "gpu or slow"``, serial / ``-n auto``
+                              (the ``gpu`` tests are nearly all ``slow`` ones too).
 
 Two-GPU phases:
 
@@ -20,7 +22,9 @@ Two-GPU phases:
 * ``nightly-full``   -- ``moe-fq-parity run --suite nightly`` on GPU 0 (``CUDA_VISIBLE_DEVICES=0``).
 * ``nightly-shards`` -- ``--shard 1/2`` and ``--shard 2/2`` at once on GPUs 0 and 1, then ``merge``,
                         then ``compare`` against the ``nightly-full`` report and a record-for-record
-                        verdict comparison.
+                        verdict comparison (when ``nightly-full`` ran before).
+* ``nightly-compare`` -- that comparison, for the order ``nightly-shards nightly-full nightly-compare``
+                        (the shards then pay for Triton's cold compilation cache, not the full run).
 
 Environment: ``OUT`` (default ``./gpu-validate``) receives ``<phase>.json`` (the numbers), the
 reports and the logs; ``BACKENDS`` (default ``triton``) are the nightly's backends.  Loading reports
@@ -206,26 +210,39 @@ def nightly_shards() -> dict:
     merge_rc, _, merge_tail = _run(merge, OUT / "nightly-merge.log")
     data = {"phase": "nightly-shards", "shard_exit_codes": rcs, "shard_wall_s": walls, "wall_s": round(wall, 1), "merge_exit_code": merge_rc,
             "merge_tail": merge_tail, "devices": _devices()}
+    if (OUT / "nightly-full.json").exists():
+        _compare_with_full(data)
+    else:
+        _say(f"nightly-shards: {wall:.0f} s (shards {walls}); merge exit {merge_rc}; run nightly-full, then nightly-compare")
+    return data
+
+
+def _compare_with_full(data: dict) -> dict:
+    """Add to ``data`` (the nightly-shards numbers) the comparison of the merged report with the
+    nightly-full one: ``compare``'s exit code, record-for-record verdicts, section verdicts and the
+    sharded wall time over the unsharded one."""
     full = OUT / "nightly-full" / "report.json"
     merged = OUT / "nightly-merged" / "report.json"
-    if full.exists() and merged.exists():
-        cmp_rc, _, cmp_tail = _run([*CLI, "compare", str(full), str(merged)], OUT / "nightly-compare.log")
-        a, b = json.loads(full.read_text()), json.loads(merged.read_text())
-        va = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in a["records"]}
-        vb = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in b["records"]}
-        sa = {s["name"]: s["verdict"] for s in a["sections"]}
-        sb = {s["name"]: s["verdict"] for s in b["sections"]}
-        data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
-                    verdicts_equal=va == vb, section_verdicts_equal=sa == sb,
-                    differing=[k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)][:50])
-        fw = json.loads((OUT / "nightly-full.json").read_text())["wall_s"] if (OUT / "nightly-full.json").exists() else None
-        if fw:
-            data["sharded_over_unsharded"] = round(wall / fw, 3)
-        _say(f"nightly-shards: {wall:.0f} s (shards {walls}){f' = {wall / fw:.0%} of the unsharded {fw} s' if fw else ''}; "
-             f"merge exit {merge_rc}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}")
-    else:
-        _say(f"nightly-shards: {wall:.0f} s (shards {walls}); merge exit {merge_rc}; run nightly-full first to compare")
+    cmp_rc, _, cmp_tail = _run([*CLI, "compare", str(full), str(merged)], OUT / "nightly-compare.log")
+    a, b = json.loads(full.read_text()), json.loads(merged.read_text())
+    va = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in a["records"]}
+    vb = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in b["records"]}
+    sa = {s["name"]: s["verdict"] for s in a["sections"]}
+    sb = {s["name"]: s["verdict"] for s in b["sections"]}
+    fw = json.loads((OUT / "nightly-full.json").read_text())["wall_s"]
+    data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
+                verdicts_equal=va == vb, section_verdicts_equal=sa == sb, unsharded_wall_s=fw,
+                sharded_over_unsharded=round(data["wall_s"] / fw, 3),
+                differing=[k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)][:50])
+    _say(f"nightly-shards: {data['wall_s']:.0f} s (shards {data['shard_wall_s']}) = {data['wall_s'] / fw:.0%} of the unsharded {fw} s; "
+         f"merge exit {data['merge_exit_code']}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}")
     return data
+
+
+def nightly_compare() -> dict:
+    """The shards-vs-full comparison when ``nightly-shards`` ran first (so the unsharded run is not
+    the only one to find Triton's compilation cache warm)."""
+    return _compare_with_full(json.loads((OUT / "nightly-shards.json").read_text()))
 
 
 PHASES = {
@@ -234,10 +251,13 @@ PHASES = {
     "gpu-xdist": lambda: pytest_phase("gpu-xdist", "gpu", "auto"),
     "slow": lambda: pytest_phase("slow", "slow", None),
     "slow-xdist": lambda: pytest_phase("slow-xdist", "slow", "auto"),
+    "tiers": lambda: pytest_phase("tiers", "gpu or slow", None),
+    "tiers-xdist": lambda: pytest_phase("tiers-xdist", "gpu or slow", "auto"),
     "slow-n1": lambda: slow_scaling("slow-n1", "1"),
     "slow-n2": lambda: slow_scaling("slow-n2", "2"),
     "nightly-full": nightly_full,
     "nightly-shards": nightly_shards,
+    "nightly-compare": nightly_compare,
 }
 
 
@@ -257,7 +277,8 @@ def main(argv: list[str]) -> int:
     for phase in argv:
         data = PHASES[phase]()
         _save(phase, data)
-        bad = data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget",)) or any(data.get("shard_exit_codes", []))
+        bad = (data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget", "merge_exit_code", "compare_exit_code"))
+               or any(data.get("shard_exit_codes", [])) or data.get("verdicts_equal") is False)
         rc = rc or (1 if bad else 0)
     return rc
 
