@@ -23,7 +23,9 @@ matched the reference bit for bit (experts 0 and N-1) are timed.
 ``--host-calls K`` (default 1000) adds the host-cost distribution over K calls each of the
 functional forward (checked and unchecked), the clipped backward, and ``QuantGroupedLinear``'s
 fake-quant forward (``quantized_weights()``) and backward (clipped STE), plus the whole layer
-(with its N per-expert GEMMs) for scale, against the bound 40 us + 0.5 us per expert.
+(with its N per-expert GEMMs) for scale, against the bound 40 us + 0.5 us per expert, and
+PyTorch's own floor for list-in/list-out calls (``host_floor_rows``: N output views, the N-expert
+table key, autograd through an N-input no-op node).
 ``--profile`` adds, per format, the throughput with the data L2-resident (the arithmetic ceiling
 without HBM traffic), registers, spills and PTX instruction counts of the production launch.
 Prints tables and writes ``DIR/bench.json``.
@@ -396,6 +398,64 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"calls": len(s), "min": s[0], "p10": q(0.10), "median": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
 
 
+class _NoOpExperts(torch.autograd.Function):
+    """N weights in, N fresh views of one buffer out; backward hands the gradients straight back:
+    the autograd engine's own cost for an N-input node (and N ``AccumulateGrad``s), no kernel."""
+
+    @staticmethod
+    def forward(ctx, *ws):  # type: ignore[override]
+        return torch.empty((len(ws), *ws[0].shape), dtype=ws[0].dtype, device=ws[0].device).unbind(0)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        return grads
+
+
+FLOOR_ENTRIES = ("floor: N output views (torch.empty + unbind)", "floor: table key of N experts",
+                 "floor: autograd backward of an N-input no-op node")  # fmt: skip
+"""PyTorch's own host cost for what any list-in/list-out call must do (``host_floor_rows``)."""
+
+
+def host_floor_rows(params: list[torch.Tensor], grads: list[torch.Tensor], calls: int,
+                    sync: Callable[[], None] = lambda: None) -> list[dict]:  # fmt: skip
+    """Host time (us) of the work no implementation of the public calls can skip, over ``calls``
+    calls each, for N = ``len(params)`` experts of one shape (``params`` require grad):
+
+    * creating the N output tensors (one ``torch.empty`` and ``unbind``: the cheapest way);
+    * reading each expert's address, shape, contiguity and dtype (``launch.table_key``: what tells a
+      reused table from a stale one);
+    * ``torch.autograd.backward`` through one N-input node that does nothing (the engine and the N
+      gradient accumulations of a module with N weights).
+
+    ``sync`` runs before each timed call (the device's synchronize on a GPU)."""
+    from .launch import table_key
+
+    n, shape, dtype, device = len(params), tuple(params[0].shape), params[0].dtype, params[0].device
+    rows = []
+
+    def timed(fn: Callable[[], object], before: Callable[[], object] = lambda: None) -> list[float]:
+        out = []
+        for _ in range(calls):
+            before()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+
+    state: dict = {}
+
+    def fwd() -> None:
+        for p in params:
+            p.grad = None
+        state["outs"] = _NoOpExperts.apply(*params)
+
+    rows.append(timed(lambda: torch.empty((n, *shape), dtype=dtype, device=device).unbind(0)))
+    rows.append(timed(lambda: table_key(params)))
+    rows.append(timed(lambda: torch.autograd.backward(state.pop("outs"), grads), before=fwd))
+    return [{"entry": e, "n": n, "bound_us": None, **_stats(r)} for e, r in zip(FLOOR_ENTRIES, rows)]
+
+
 def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] = SHAPES["super_fc1"]) -> list[dict]:
     """Host time per call over ``calls`` calls each, for the public entry points and the module."""
     from . import api
@@ -448,10 +508,14 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
         rows.append({"entry": "QuantGroupedLinear fq backward", "n": n, "bound_us": host_bound_us(n), **_stats(samples)})
         rows.append({"entry": "QuantGroupedLinear layer fwd+bwd (incl. N GEMMs)", "n": n, "bound_us": None,
                      **_stats(host_samples_us(layer_step, max(50, calls // 10)))})  # fmt: skip
-        for r in rows[-6:]:
+        rows += host_floor_rows(layer.weights(), grads, calls, torch.cuda.synchronize)
+        for r in rows[-6 - len(FLOOR_ENTRIES):]:
             r["within_bound"] = None if r["bound_us"] is None else r["median"] <= r["bound_us"]
             print(f"  host {r['entry']:48s} N={n:3d}  median {r['median']:7.1f} us  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f}"
                   f"  bound {r['bound_us'] or float('nan'):6.1f}", flush=True)  # fmt: skip
+        floor = {r["entry"]: r["median"] for r in rows[-len(FLOOR_ENTRIES):]}
+        print(f"  host N={n:3d}: floor of a list-out call (views + key) {floor[FLOOR_ENTRIES[0]] + floor[FLOOR_ENTRIES[1]]:7.1f} us"
+              f" vs bound {host_bound_us(n):6.1f} us", flush=True)  # fmt: skip
         del ws, grads, layer
         torch.cuda.empty_cache()
     from . import checks
