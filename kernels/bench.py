@@ -21,7 +21,8 @@ for every format and the clipped backward:
 matched the reference bit for bit (experts 0 and N-1) are timed.
 
 ``--host-calls K`` (default 1000) adds the host-cost distribution over K calls each of the
-functional forward (checked and unchecked), the clipped backward, and ``QuantGroupedLinear``'s
+functional forward (checked and unchecked), the clipped backward, the same two on one stacked
+``[N, out, in]`` tensor (``fake_quant``, ``ste_backward``), and ``QuantGroupedLinear``'s
 fake-quant forward (``quantized_weights()``) and backward (clipped STE), plus the whole layer
 (with its N per-expert GEMMs) for scale, against the bound 40 us + 0.5 us per expert, and
 PyTorch's own floor for list-in/list-out calls (``host_floor_rows``: N output views, the N-expert
@@ -465,6 +466,8 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
     for n in counts:
         ws, amax = make_experts(n, shape, seed=7)
         grads = [torch.randn_like(w) for w in ws]
+        stacked, gstacked = torch.stack(ws), torch.stack(grads)
+        first = len(rows)
         layer = QuantGroupedLinear(n, shape[1], shape[0], "fp8_e4m3", device="cuda", ste_mode="clipped")
         with torch.no_grad():
             for q, a in zip(layer.weight_quantizer, amax):
@@ -493,6 +496,8 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
             "fake_quant_experts (unchecked)": lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=False),
             "ste_backward_experts (clipped)": lambda: api.ste_backward_experts(ws, amax, grads, "clipped"),
             "QuantGroupedLinear fq forward": module_fwd,
+            "fake_quant stacked [N, out, in] (checked)": lambda: api.fake_quant(stacked, amax, "fp8_e4m3"),
+            "ste_backward stacked [N, out, in] (clipped)": lambda: api.ste_backward(stacked, amax, gstacked, "clipped"),
         }
         for what, fn in entries.items():
             rows.append({"entry": what, "n": n, "bound_us": host_bound_us(n), **_stats(host_samples_us(fn, calls))})
@@ -509,14 +514,14 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
         rows.append({"entry": "QuantGroupedLinear layer fwd+bwd (incl. N GEMMs)", "n": n, "bound_us": None,
                      **_stats(host_samples_us(layer_step, max(50, calls // 10)))})  # fmt: skip
         rows += host_floor_rows(layer.weights(), grads, calls, torch.cuda.synchronize)
-        for r in rows[-6 - len(FLOOR_ENTRIES):]:
+        for r in rows[first:]:
             r["within_bound"] = None if r["bound_us"] is None else r["median"] <= r["bound_us"]
-            print(f"  host {r['entry']:48s} N={n:3d}  median {r['median']:7.1f} us  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f}"
+            print(f"  host {r['entry']:52s} N={n:3d}  median {r['median']:7.1f} us  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f}"
                   f"  bound {r['bound_us'] or float('nan'):6.1f}", flush=True)  # fmt: skip
         floor = {r["entry"]: r["median"] for r in rows[-len(FLOOR_ENTRIES):]}
         print(f"  host N={n:3d}: floor of a list-out call (views + key) {floor[FLOOR_ENTRIES[0]] + floor[FLOOR_ENTRIES[1]]:7.1f} us"
               f" vs bound {host_bound_us(n):6.1f} us", flush=True)  # fmt: skip
-        del ws, grads, layer
+        del ws, grads, layer, stacked, gstacked
         torch.cuda.empty_cache()
     from . import checks
 
@@ -640,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print_table(results, copy_gbps)
     for r in report.get("host", []):
-        print(f"host {r['entry']:48s} N={r['n']:3d}  median {r['median']:7.1f}  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f} us"
+        print(f"host {r['entry']:52s} N={r['n']:3d}  median {r['median']:7.1f}  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f} us"
               f"  bound {r['bound_us'] or float('nan'):6.1f}  {'ok' if r['within_bound'] else ('-' if r['within_bound'] is None else 'OVER')}")  # fmt: skip
     print(f"total {report['seconds']:.0f}s")
     return 0

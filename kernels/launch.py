@@ -414,27 +414,50 @@ def fwd_list(
     return compiled
 
 
+STACKED_PLANS = 256
+"""Stacked-layout launch plans kept (oldest first out)."""
+_STACKED: dict[tuple, tuple] = {}
+
+
+def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, int]]], tuple[tuple[int, int], dict]]) -> tuple:
+    """``(grid, launch keywords, (n, rows, cols), fast-launch plans)`` of a stacked launch, cached
+    on ``pkey`` (which holds ``x``'s shape, dtype and device and every launch option): a repeated
+    call skips the tile choice, which walks the N experts, and launches through ``_launch``'s
+    direct path."""
+    plan = _STACKED.get(pkey)
+    if plan is None:
+        shapes = _stacked_shapes(x)
+        grid, kw = make(shapes)
+        plan = _STACKED[pkey] = (grid, kw, (len(shapes), *shapes[0]), {})
+        if len(_STACKED) > STACKED_PLANS:
+            del _STACKED[next(iter(_STACKED))]
+    return plan
+
+
 def fwd_stacked(
     x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool | str, config: KernelConfig | None = None
 ) -> None:
     """Fake-quantize contiguous ``x`` viewed as ``[N, rows, cols]`` into ``out`` in one launch."""
     from .fwd_kernel import fake_quant_fwd_kernel
 
-    shapes = _stacked_shapes(x)
-    (rows, cols), n = shapes[0], len(shapes)
-    cfg = _config(x.device, config, FWD_CONFIG[spec.code])
-    tile = tile_for(shapes, cfg, x.device)
-    grid = grid_for(shapes, tile)
-    flags = checks.flags_for(x.device, check)
-    fl = _dummy(x.device) if flags is None else flags
-    with _quiet(x.device):
-        fake_quant_fwd_kernel[grid](
-            _bits(x), _bits(out), fl, amax.data, amax.se, amax.sr, fl, n, rows, cols,
-            LIST=False, VEC=_stacked_vec(x, cols), **_fwd_constexprs(spec, x.dtype, x.device, amax.per_channel, bool(check), cfg),
-            **_launch_opts(tile),
-        )  # fmt: skip
+    device = x.device
+
+    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
+        cfg = _config(device, config, FWD_CONFIG[spec.code])
+        tile = tile_for(shapes, cfg, device)
+        kw = dict(LIST=False, VEC=_stacked_vec(x, shapes[0][1]), **_fwd_constexprs(spec, x.dtype, device, amax.per_channel, bool(check), cfg),
+                  **_launch_opts(tile))  # fmt: skip
+        return grid_for(shapes, tile), kw
+
+    grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
+    flags = checks.flags_for(device, check)
+    fl = _dummy(device) if flags is None else flags
+    args = (_bits(x), _bits(out), fl, amax.data, amax.se, amax.sr, fl, n, rows, cols)
+    fkey = ("fast", _align(x), _align(out), _align(fl), _align(amax.data), amax.se, amax.sr)
+    with _quiet(device):
+        _launch(fake_quant_fwd_kernel, fast, fkey, grid, args, kw, device)
     if flags is not None:
-        checks.after_launch(flags, x.device, check)
+        checks.after_launch(flags, device, check)
 
 
 def _bwd_plan(table: ExpertTable, dtype: torch.dtype, per_channel: bool, config: KernelConfig | None):
@@ -475,15 +498,20 @@ def bwd_stacked(
     """Clipped STE backward for one contiguous tensor viewed as ``[N, rows, cols]``."""
     from .bwd_kernel import clipped_bwd_kernel
 
-    shapes = _stacked_shapes(x)
-    (rows, cols), n = shapes[0], len(shapes)
-    cfg = _config(x.device, config, BWD_CONFIG)
-    tile = tile_for(shapes, cfg, x.device)
-    grid = grid_for(shapes, tile)
-    xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
-    with _quiet(x.device):
-        clipped_bwd_kernel[grid](
-            _bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols,
-            IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
-            CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile),
-        )  # fmt: skip
+    device = x.device
+
+    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
+        cfg = _config(device, config, BWD_CONFIG)
+        tile = tile_for(shapes, cfg, device)
+        cols = shapes[0][1]
+        xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
+        kw = dict(IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
+                  CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile))  # fmt: skip
+        return grid_for(shapes, tile), kw
+
+    pkey = ("bwd", x.shape, x.dtype, grad.dtype, device, amax.per_channel, config)
+    grid, kw, (n, rows, cols), fast = _stacked_plan(pkey, x, make)
+    args = (_bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols)
+    fkey = ("fast", _align(x), _align(grad), _align(out), _align(amax.data), amax.se, amax.sr)
+    with _quiet(device):
+        _launch(clipped_bwd_kernel, fast, fkey, grid, args, kw, device)

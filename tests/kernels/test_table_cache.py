@@ -86,3 +86,42 @@ def test_cache_is_bounded() -> None:
     for i in range(launch.CACHE_SIZE + 8):
         launch.table_for([ws[i]], validate=lambda: None)
     assert len(launch._TABLES) == launch.CACHE_SIZE
+
+
+def _stacked_call(x, amax, fmt="int8"):
+    got = kernels.fake_quant(x, amax, fmt)
+    kernels.raise_pending_errors()
+    assert_same_bits([got], [reference.fake_quant(x, amax, fmt)], [x], case=f"{fmt}/stacked-plan {tuple(x.shape)} {x.dtype}")
+
+
+def test_stacked_plans_follow_shape_and_dtype_never_the_address(gen: torch.Generator, device: str) -> None:
+    """The stacked calls cache their launch plan (tile, grid, constants) on shape, dtype, device and
+    options: one buffer seen under other shapes or another dtype gets its own plan, new tensors of a
+    seen shape reuse one."""
+    launch._STACKED.clear()
+    buf = torch.randn(2048, generator=gen).to(BF).to(device)
+    a2, a4 = torch.tensor([0.5, 2.0], device=device), torch.tensor([0.3, 0.6, 1.2, 2.4], device=device)
+    _stacked_call(buf[:512].view(2, 8, 32), a2)
+    assert len(launch._STACKED) == 1
+    _stacked_call(torch.randn(2, 8, 32, generator=gen).to(BF).to(device), a2)  # other tensor, same shape
+    _stacked_call(buf[:512].view(2, 8, 32), torch.tensor(1.5, device=device))  # per tensor: amax strides are arguments
+    assert len(launch._STACKED) == 1
+    _stacked_call(buf[:512].view(2, 32, 8), a2)  # same address, rows and columns swapped
+    _stacked_call(buf[:512].view(4, 8, 16), a4)  # same address, more experts
+    _stacked_call(buf[:512].view(2, 8, 32).view(torch.float16), a2, "fp8_e4m3")  # same bytes as fp16
+    assert len(launch._STACKED) == 4
+    x, g = buf[:512].view(2, 8, 32), buf[512:1024].view(2, 8, 32)
+    for a in (torch.tensor([0.5, 2.0], device=device), torch.tensor([2.0, 0.5], device=device)):  # one plan, new amax
+        got = kernels.ste_backward(x, a, g, "clipped")
+        assert_same_bits([got], [reference.ste_backward(x, a, g, "clipped")], case="bwd/stacked-plan")
+    got = kernels.ste_backward(x.reshape(2, 32, 8), a, g.reshape(2, 32, 8), "clipped")
+    assert_same_bits([got], [reference.ste_backward(x.reshape(2, 32, 8), a, g.reshape(2, 32, 8), "clipped")], case="bwd/stacked-plan")
+    assert len(launch._STACKED) == 6
+
+
+def test_stacked_plans_are_bounded() -> None:
+    launch._STACKED.clear()
+    x = torch.zeros(launch.STACKED_PLANS + 4, 2, 16, dtype=BF)
+    for n in range(1, launch.STACKED_PLANS + 5):
+        launch._stacked_plan(("test", n), x[:n], lambda shapes: ((1, 1), {}))
+    assert len(launch._STACKED) == launch.STACKED_PLANS and ("test", 1) not in launch._STACKED
