@@ -250,3 +250,31 @@ def test_timed_samples_hide_host_time_behind_the_previous_call() -> None:
     median_ms = statistics.median(samples) / 1e3
     assert timer == "cuda_events"
     assert median_ms < device_ms + 0.5 * host_ms, f"median {median_ms:.2f} ms for {device_ms:.2f} ms of device and {host_ms:.2f} ms of host work"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8_e4m3", "nvfp4"])
+def test_repeated_stacked_calls_launch_directly_with_the_reference_bits(fmt: str) -> None:
+    """Stacked calls after the first of a shape take the cached plan and the compiled kernel's
+    launcher (``launch._stacked_plan``): new tensors, new amax values, per-channel amax and an input
+    not 16-byte aligned (its own fast-launch key) keep the reference's bits, forward and backward."""
+    from moe_fq_parity.kernels import launch
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    launch._STACKED.clear()
+    buf = torch.randn(4 * 64 * 96 + 8, device="cuda", generator=g).to(torch.bfloat16)
+    views = [buf[: 4 * 64 * 96].view(4, 64, 96), torch.randn(4, 64, 96, device="cuda", generator=g).to(torch.bfloat16),
+             buf[1 : 1 + 4 * 64 * 96].view(4, 64, 96)]  # fmt: skip
+    amaxes = [torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda"), torch.tensor([3.0, 0.25, 1.5, 0.0], device="cuda")]
+    if fmt != "nvfp4":
+        amaxes.append(torch.rand(4, 64, device="cuda", generator=g) + 0.1)
+    for x in views:
+        for amax in amaxes:
+            for _ in range(2):  # the second call of each goes through the direct launch
+                got = kernels.fake_quant(x, amax, fmt)
+                kernels.raise_pending_errors()
+                assert_same_bits([got], [reference.fake_quant(x, amax, fmt)], [x], case=f"{fmt}/stacked-direct")
+            grad = torch.randn(x.shape, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2):
+                got = kernels.ste_backward(x, amax, grad, "clipped")
+                assert_same_bits([got], [reference.ste_backward(x, amax, grad, "clipped")], case=f"{fmt}/stacked-direct/bwd")
+    assert all(plan[3] for plan in launch._STACKED.values()), "every stacked plan took the direct launch"
