@@ -18,7 +18,8 @@ One-GPU phases (each fits a 10-minute job; run them one by one or several at onc
 Two-GPU phases:
 
 * ``slow-n1``, ``slow-n2`` -- ``pytest -m slow -n 1`` and ``-n 2`` wall times (the speed-up is
-                              printed once both exist).
+                              printed once both exist); ``tiers-n1``, ``tiers-n2`` the same for
+                              ``-m "gpu or slow"``.
 * ``nightly-full``   -- ``moe-fq-parity run --suite nightly`` on GPU 0 (``CUDA_VISIBLE_DEVICES=0``).
 * ``nightly-shards`` -- ``--shard 1/2`` and ``--shard 2/2`` at once on GPUs 0 and 1, then ``merge``,
                         then ``compare`` against the ``nightly-full`` report and a record-for-record
@@ -163,14 +164,17 @@ def ultra_phase() -> dict:
             "rows": rows, "over_budget": over, "building": build, "devices": _devices(), "tail": tail}
 
 
-def slow_scaling(phase: str, n: str) -> dict:
-    data = pytest_phase(phase, "slow", n)
-    other = OUT / ("slow-n1.json" if phase == "slow-n2" else "slow-n2.json")
+def scaling(phase: str, mark: str, n: str) -> dict:
+    """``pytest -m MARK -n N``; once both the ``-n1`` and ``-n2`` phases of ``phase``'s family exist,
+    the speed-up of ``-n 2`` over ``-n 1``."""
+    data = pytest_phase(phase, mark, n)
+    family = phase.rsplit("-", 1)[0]
+    other = OUT / (f"{family}-n1.json" if phase.endswith("-n2") else f"{family}-n2.json")
     if other.exists():
         o = json.loads(other.read_text())
-        one, two = (o, data) if phase == "slow-n2" else (data, o)
+        one, two = (o, data) if phase.endswith("-n2") else (data, o)
         data["speedup_n2_over_n1"] = round(one["wall_s"] / two["wall_s"], 2)
-        _say(f"pytest -m slow: -n 1 {one['wall_s']} s, -n 2 {two['wall_s']} s: {data['speedup_n2_over_n1']}x")
+        _say(f"pytest -m {mark!r}: -n 1 {one['wall_s']} s, -n 2 {two['wall_s']} s: {data['speedup_n2_over_n1']}x")
     return data
 
 
@@ -253,8 +257,10 @@ PHASES = {
     "slow-xdist": lambda: pytest_phase("slow-xdist", "slow", "auto"),
     "tiers": lambda: pytest_phase("tiers", "gpu or slow", None),
     "tiers-xdist": lambda: pytest_phase("tiers-xdist", "gpu or slow", "auto"),
-    "slow-n1": lambda: slow_scaling("slow-n1", "1"),
-    "slow-n2": lambda: slow_scaling("slow-n2", "2"),
+    "slow-n1": lambda: scaling("slow-n1", "slow", "1"),
+    "slow-n2": lambda: scaling("slow-n2", "slow", "2"),
+    "tiers-n1": lambda: scaling("tiers-n1", "gpu or slow", "1"),
+    "tiers-n2": lambda: scaling("tiers-n2", "gpu or slow", "2"),
     "nightly-full": nightly_full,
     "nightly-shards": nightly_shards,
     "nightly-compare": nightly_compare,

@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
+    r.add_argument("--share-cpus", type=int, default=None, metavar="K",
+                   help="harness processes sharing this host's CPUs (PyTorch threads capped at CPUs/K; default: N of --shard, "
+                        "as shards usually share a multi-GPU host; 1 for shards on machines of their own)")
     mg = sub.add_parser("merge", help="merge the report.json files of a sharded run into one report.json + report.html")
     mg.add_argument("reports", type=Path, nargs="+", metavar="REPORT", help="report.json of every shard (run --shard i/n)")
     mg.add_argument("--out", type=Path, required=True, help="output directory of the merged report")
@@ -164,6 +167,13 @@ def _cmd_run(args) -> int:
         print("error: no case matches the selection", file=sys.stderr)
         return 2
     cases = select_shard(selection, shard) if shard is not None else selection
+    share = args.share_cpus if args.share_cpus is not None else (shard.count if shard is not None else 1)
+    if share < 1:
+        print(f"error: --share-cpus {share}: expected a count >= 1", file=sys.stderr)
+        return 2
+    from moe_fq_parity.harness.core.processes import share_cpus
+
+    share_cpus(share)
     if not cases:
         print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
         return 2

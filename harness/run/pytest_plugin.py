@@ -31,7 +31,8 @@ parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``,
   cases are split into G groups balanced by bytes, all tests of one case in one group; each group runs on one worker, in order, on its own GPU (the lease prefers it), so a case's
   tensors are built once and at most G workers hold GPU cases, while the other workers run every
   other test.  An explicit other ``--dist`` mode is kept (the leases alone then keep one GPU test
-  per GPU).
+  per GPU).  Each worker caps PyTorch's threads at its share of the CPUs
+  (``harness.core.processes.share_cpus``): workers with a thread per CPU each spin against each other.
 * Memory: a case's tensors (inputs and reference outputs) are shared by the consecutive tests of
   that case and dropped at the teardown of the last one (``nextitem`` is another case), so nothing
   that outlives the case's tests holds it; each record carries the check's peak CUDA memory.
@@ -154,6 +155,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.getoption("hypothesis_profile", None):
         hsettings.load_profile(settings.hypothesis_profile)
+    if hasattr(config, "workerinput"):  # xdist worker: its share of the CPUs for PyTorch's threads
+        from moe_fq_parity.harness.core.processes import share_cpus
+
+        share_cpus(int(config.workerinput.get("workercount", 1)))
     if settings.report_dir is not None and not hasattr(config, "workerinput"):
         config.stash[WRITER] = _new_writer(config, settings)
     if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "load" and _gpu_count() > 0:

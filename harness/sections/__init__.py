@@ -111,9 +111,13 @@ def _timed(name: str, target: str, suite: str, seed: int, device: str) -> dict[s
     return run_section(name, target, suite, seed, device).to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str) -> None:
-    """Body of a section's own process: its JSON (or the exception's last line) through ``conn``."""
+def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int) -> None:
+    """Body of a section's own process (``threads``: its share of the parent's PyTorch threads): its
+    JSON (or the exception's last line) through ``conn``."""
     try:
+        import torch
+
+        torch.set_num_threads(threads)
         conn.send(("ok", _timed(name, target, suite, seed, device)))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a failed section
         conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
@@ -138,7 +142,7 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     ``parallel`` (default: when the host has ``PARALLEL_MIN_CPUS`` CPUs or more): every section in
     a process of its own (``spawn``), all at once, so the run waits for the slowest section instead
     of their sum (on one H100 the nightly's ``moe`` section drives the GPU while ``dist`` runs its
-    gloo ranks on the CPUs).  A section process that dies gives that section one ``fail`` row; an
+    gloo ranks on the CPUs), each with an equal share of this process's PyTorch threads.  A section process that dies gives that section one ``fail`` row; an
     interrupted run kills the section processes it started.
     """
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
@@ -169,11 +173,14 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done
     t0 = time.perf_counter()
     procs: dict[Any, tuple[str, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
+    import torch
+
+    threads = max(1, torch.get_num_threads() // len(chosen))  # the sections share this process's CPUs
     try:
         for n in chosen:
             recv, send = ctx.Pipe(duplex=False)
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device), name=f"section-{n}")
+            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device, threads), name=f"section-{n}")
             with startable_main():
                 p.start()
             send.close()

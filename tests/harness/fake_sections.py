@@ -28,3 +28,10 @@ def dies(suite: str, seed: int, device: str) -> Section:
     import os
 
     os._exit(3)  # the process ends without reporting (a crash, an OOM kill)
+
+
+def threads(suite: str, seed: int, device: str) -> Section:
+    """Passes; its row says how many PyTorch threads the section's process runs with."""
+    import torch
+
+    return Section("threads", "fake section reporting its threads", ["threads"], [SectionRow("threads/1", "pass", {"threads": torch.get_num_threads()})])

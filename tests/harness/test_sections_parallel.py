@@ -29,3 +29,19 @@ def test_serial_sections_run_one_after_the_other(monkeypatch):
     out = run_sections("smoke", 1, "cpu", ["a", "b"], parallel=False)
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert a1 <= b0
+
+
+def test_section_processes_share_the_parents_threads(monkeypatch):
+    """Four sections at once each get a quarter of this process's PyTorch threads (at least one)."""
+    import torch
+
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:threads" for k in "abcd"})
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)  # a share of 1: a child on its own would start a thread per CPU
+    try:
+        out = run_sections("smoke", 1, "cpu", list("abcd"), parallel=True)
+    finally:
+        torch.set_num_threads(before)
+    assert [s["rows"][0]["fields"]["threads"] for s in out] == [1, 1, 1, 1]

@@ -1,0 +1,75 @@
+"""Harness processes that run beside each other split the host's CPUs for PyTorch's threads
+(``harness.core.processes.share_cpus``): xdist workers, shards, section processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_fq_parity.harness.core import processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_share_caps_threads_at_the_share_and_never_raises_them(monkeypatch, restore_threads) -> None:
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
+    torch.set_num_threads(32)
+    assert processes.share_cpus(2) == 16 == torch.get_num_threads()
+    assert processes.share_cpus(1) == 16  # a lower setting (the user's, or an earlier share) stays
+    assert processes.share_cpus(64) == 1
+    torch.set_num_threads(3)
+    assert processes.share_cpus(4) == 3
+
+
+def test_xdist_workers_each_take_their_share(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    (tmp_path / "test_threads.py").write_text(textwrap.dedent("""
+        import torch
+        from moe_fq_parity.harness.core.processes import usable_cpus
+
+        def test_threads():
+            assert torch.get_num_threads() == max(1, usable_cpus() // 2), (torch.get_num_threads(), usable_cpus())
+    """))
+    env_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path / "test_threads.py")]
+    res = subprocess.run(env_cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "64"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_a_shard_shares_the_cpus_with_its_siblings(tmp_path: Path) -> None:
+    """``run --shard 1/2`` caps its threads at half the CPUs, ``--share-cpus 1`` takes all of them,
+    ``--share-cpus 0`` is refused before anything runs."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from moe_fq_parity.harness.run import cli
+        from moe_fq_parity.harness.core.processes import usable_cpus
+        torch.set_num_threads(64)
+        rc = cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward",
+                       "--no-sections", "--no-progress", "--out", sys.argv[1], *sys.argv[2:]])
+        print("THREADS", torch.get_num_threads(), usable_cpus(), "RC", rc)
+    """)
+    def threads(*extra: str) -> tuple[int, int, int]:
+        res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "r"), *extra], capture_output=True, text=True, timeout=300)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("THREADS")]
+        assert line, res.stdout[-2000:] + res.stderr[-2000:]
+        _, t, cpus, _, rc = line[-1].split()
+        return int(t), int(cpus), int(rc)
+
+    t, cpus, rc = threads("--shard", "1/2")
+    assert rc == 0 and t == max(1, cpus // 2)
+    t, cpus, rc = threads("--shard", "1/2", "--share-cpus", "1")
+    assert rc == 0 and t == min(64, cpus)  # one process per host: at most a thread per CPU
+    t, cpus, rc = threads("--share-cpus", "0")
+    assert rc == 2
