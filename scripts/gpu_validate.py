@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -97,16 +98,27 @@ def _junit_counts(path: Path) -> dict:
     return {"passed": tests - failures - errors - skipped, "failed": failures, "errors": errors, "skipped": skipped}
 
 
-def pytest_phase(phase: str, mark: str, xdist: str | None) -> dict:
+def pytest_phase(phase: str, mark: str, xdist: str | None, *, cold_cache: bool = False) -> dict:
+    """``pytest -m MARK [-n XDIST]`` over the whole tree; ``cold_cache``: with an empty Triton
+    cache of its own (``TRITON_CACHE_DIR``), so phases whose times are compared each compile the
+    same kernels (in a run on a warm cache the first phase paid ~70 s of compilation the second
+    did not)."""
     junit = OUT / f"{phase}.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", mark, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
     if xdist:
         cmd += ["-n", xdist]
-    _say(f"=== {phase}: {' '.join(cmd[1:])}")
-    rc, wall, tail = _run(cmd, OUT / f"{phase}.log")
+    env = None
+    if cold_cache:
+        cache = OUT / f"{phase}-triton-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    _say(f"=== {phase}: {' '.join(cmd[1:])}" + (" (empty Triton cache)" if cold_cache else ""))
+    rc, wall, tail = _run(cmd, OUT / f"{phase}.log", env)
+    if cold_cache:
+        shutil.rmtree(OUT / f"{phase}-triton-cache", ignore_errors=True)
     counts = _junit_counts(junit) if junit.exists() else {}
     oom = len(re.findall(r"OutOfMemoryError|out of memory", (OUT / f"{phase}.log").read_text(errors="replace")))
-    data = {"phase": phase, "command": " ".join(["pytest", *cmd[3:]]), "exit_code": rc, "wall_s": round(wall, 1), **counts,
+    data = {"phase": phase, "command": " ".join(["pytest", *cmd[3:]]), "exit_code": rc, "wall_s": round(wall, 1), "cold_triton_cache": cold_cache, **counts,
             "oom_mentions": oom, "devices": _devices(), "tail": tail}
     _say(f"{phase}: exit {rc}, {wall:.0f} s, {counts}, out-of-memory mentions {oom}")
     return data
@@ -165,9 +177,9 @@ def ultra_phase() -> dict:
 
 
 def scaling(phase: str, mark: str, n: str) -> dict:
-    """``pytest -m MARK -n N``; once both the ``-n1`` and ``-n2`` phases of ``phase``'s family exist,
-    the speed-up of ``-n 2`` over ``-n 1``."""
-    data = pytest_phase(phase, mark, n)
+    """``pytest -m MARK -n N`` from an empty Triton cache; once both the ``-n1`` and ``-n2`` phases of
+    ``phase``'s family exist, the speed-up of ``-n 2`` over ``-n 1``."""
+    data = pytest_phase(phase, mark, n, cold_cache=True)
     family = phase.rsplit("-", 1)[0]
     other = OUT / (f"{family}-n1.json" if phase.endswith("-n2") else f"{family}-n2.json")
     if other.exists():
