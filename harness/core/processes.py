@@ -6,7 +6,8 @@ CI scripts) names ``<stdin>`` as its main file, which does not exist: every chil
 ``FileNotFoundError`` before reporting, and each process-based check failed for a reason that is
 not a finding.  ``startable_main`` hides such a name while processes start.  ``usable_cpus`` is how
 many processes of one thread each the host runs at once; ``share_cpus`` gives a process that runs
-beside others of the harness its share of them for PyTorch's threads.
+beside others of the harness its share of them for PyTorch's threads, and ``cpu_share`` is that
+share for the processes it starts.
 """
 
 from __future__ import annotations
@@ -70,7 +71,29 @@ def share_cpus(processes: int) -> int:
     """
     import torch
 
+    previous = _share_count()
+    if processes > previous:
+        os.environ[SHARE_ENV] = str(processes)  # children (section processes, dist ranks) inherit it
     share = max(1, usable_cpus() // max(1, processes))
     if torch.get_num_threads() > share:
         torch.set_num_threads(share)
     return torch.get_num_threads()
+
+
+SHARE_ENV = "PARITY_CPU_SHARE"
+"""How many harness processes share this host's CPUs (set by ``share_cpus``, inherited by the
+processes this one starts)."""
+
+
+def _share_count() -> int:
+    try:
+        return max(1, int(os.environ.get(SHARE_ENV, "1")))
+    except ValueError:
+        return 1
+
+
+def cpu_share() -> int:
+    """The CPUs this process and the processes it starts may keep busy: ``usable_cpus()`` divided by
+    the share count of ``share_cpus`` (``PARITY_CPU_SHARE``), at least 1.  The dist section
+    schedules its one-thread rank processes within it."""
+    return max(1, usable_cpus() // _share_count())

@@ -139,7 +139,8 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     with the wall ``seconds`` it took; ``on_done`` is called as each one finishes (progress, and a
     report that keeps the finished sections if the run is cut off).
 
-    ``parallel`` (default: when the host has ``PARALLEL_MIN_CPUS`` CPUs or more): every section in
+    ``parallel`` (default: when this process's share of the host's CPUs, ``cpu_share``, is
+    ``PARALLEL_MIN_CPUS`` or more): every section in
     a process of its own (``spawn``), all at once, so the run waits for the slowest section instead
     of their sum (on one H100 the nightly's ``moe`` section drives the GPU while ``dist`` runs its
     gloo ranks on the CPUs), each with an equal share of this process's PyTorch threads.  A section process that dies gives that section one ``fail`` row; an
@@ -150,9 +151,9 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     if unknown:
         raise ValueError(f"unknown sections {unknown}; known: {sorted(SECTION_RUNNERS)}")
     if parallel is None:
-        from moe_fq_parity.harness.core.processes import usable_cpus
+        from moe_fq_parity.harness.core.processes import cpu_share
 
-        parallel = usable_cpus() >= PARALLEL_MIN_CPUS
+        parallel = cpu_share() >= PARALLEL_MIN_CPUS
     if not parallel or len(chosen) < 2:
         out = []
         for n in chosen:

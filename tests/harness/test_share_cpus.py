@@ -25,8 +25,11 @@ def restore_threads():
 
 def test_share_caps_threads_at_the_share_and_never_raises_them(monkeypatch, restore_threads) -> None:
     monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
+    monkeypatch.delenv(processes.SHARE_ENV, raising=False)
+    assert processes.cpu_share() == 32
     torch.set_num_threads(32)
     assert processes.share_cpus(2) == 16 == torch.get_num_threads()
+    assert processes.cpu_share() == 16  # what the processes this one starts may keep busy
     assert processes.share_cpus(1) == 16  # a lower setting (the user's, or an earlier share) stays
     assert processes.share_cpus(64) == 1
     torch.set_num_threads(3)
@@ -73,3 +76,27 @@ def test_a_shard_shares_the_cpus_with_its_siblings(tmp_path: Path) -> None:
     assert rc == 0 and t == min(64, cpus)  # one process per host: at most a thread per CPU
     t, cpus, rc = threads("--share-cpus", "0")
     assert rc == 2
+
+
+def test_started_processes_inherit_the_share(monkeypatch) -> None:
+    """A section process or a dist rank started by a shard sees the shard's share of the CPUs."""
+    monkeypatch.setenv(processes.SHARE_ENV, "2")
+    out = subprocess.run([sys.executable, "-c", "from moe_fq_parity.harness.core.processes import cpu_share, usable_cpus; "
+                          "print(cpu_share(), usable_cpus())"], capture_output=True, text=True, timeout=120)
+    share, cpus = map(int, out.stdout.split())
+    assert share == max(1, cpus // 2)
+
+
+def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch) -> None:
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_sections:sleepy", "b": "tests.harness.fake_sections:sleepy"})
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
+    monkeypatch.setenv(processes.SHARE_ENV, "16")  # 2 CPUs of 32 for this process: below PARALLEL_MIN_CPUS
+    out = sections.run_sections("smoke", 1, "cpu", ["a", "b"])
+    (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
+    assert a1 <= b0
+    monkeypatch.setenv(processes.SHARE_ENV, "4")  # 8 CPUs: at once
+    out = sections.run_sections("smoke", 1, "cpu", ["a", "b"])
+    (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
+    assert max(a0, b0) < min(a1, b1)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from moe_fq_parity.harness.core.processes import startable_main, usable_cpus
+from moe_fq_parity.harness.core.processes import cpu_share, startable_main
 from moe_fq_parity.harness.core.tolerances import DIST_PG_TIMEOUT_S, DIST_RUN_TIMEOUT_S
 
 from .layout import MESH_DIMS, Coords, Layout
@@ -282,12 +282,13 @@ def run_layouts(
     failed or hung gives its ``RankFailure``/``RankTimeout`` in its place.
 
     On the CPU (gloo) several layouts run at once while their ranks fit in ``slots`` (default
-    ``usable_cpus()``; a layout wider than ``slots`` runs alone): each rank is a one-thread
+    ``cpu_share()``: the host's CPUs, or this process's share of them beside other harness processes;
+    a layout wider than ``slots`` runs alone): each rank is a one-thread
     process, so the layouts of a 16-CPU host overlap where a 2-CPU host runs them one after
     another, as before.  With NCCL they run one at a time (every layout uses GPUs 0..world-1).
     Each call keeps its own deadline, port and result folder.
     """
-    free = 1 if device == "cuda" else (slots or usable_cpus())
+    free = 1 if device == "cuda" else (slots or cpu_share())
     lock = threading.Condition()
     busy = [0]
 
