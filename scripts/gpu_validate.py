@@ -295,8 +295,11 @@ def main(argv: list[str]) -> int:
     for phase in argv:
         data = PHASES[phase]()
         _save(phase, data)
-        bad = (data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget", "merge_exit_code", "compare_exit_code"))
-               or any(data.get("shard_exit_codes", [])) or data.get("verdicts_equal") is False)
+        # compare exits 1 on timing changes alone (shards share a host, the unsharded run has it to
+        # itself): that is information; a compare that could not run (2) or unequal verdicts fail
+        bad = (data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget", "merge_exit_code"))
+               or data.get("compare_exit_code") not in (None, 0, 1) or any(data.get("shard_exit_codes", []))
+               or data.get("verdicts_equal") is False or data.get("section_verdicts_equal") is False)
         rc = rc or (1 if bad else 0)
     return rc
 
