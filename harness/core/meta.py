@@ -49,4 +49,14 @@ def run_meta(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton_version(),
         "device": device_name(device),
+        "cpu": cpu_meta(),
     }
+
+
+def cpu_meta() -> dict[str, int]:
+    """The host CPUs this process may use, how many harness processes share them
+    (``processes.share_cpus``) and this process's PyTorch intra-op threads: host-side timings
+    depend on all three."""
+    from .processes import share_count, usable_cpus
+
+    return {"usable": usable_cpus(), "share": share_count(), "torch_threads": torch.get_num_threads()}

@@ -70,7 +70,7 @@ def share_cpus(processes: int) -> int:
     """
     import torch
 
-    previous = _share_count()
+    previous = share_count()
     if processes > previous:
         os.environ[SHARE_ENV] = str(processes)  # children (section processes, dist ranks) inherit it
     share = max(1, usable_cpus() // max(1, processes))
@@ -84,7 +84,8 @@ SHARE_ENV = "PARITY_CPU_SHARE"
 processes this one starts)."""
 
 
-def _share_count() -> int:
+def share_count() -> int:
+    """How many harness processes share this host's CPUs (``PARITY_CPU_SHARE``; 1 when unset or not a number)."""
     try:
         return max(1, int(os.environ.get(SHARE_ENV, "1")))
     except ValueError:
@@ -95,4 +96,4 @@ def cpu_share() -> int:
     """The CPUs this process and the processes it starts may keep busy: ``usable_cpus()`` divided by
     the share count of ``share_cpus`` (``PARITY_CPU_SHARE``), at least 1.  The dist section
     schedules its one-thread rank processes within it."""
-    return max(1, usable_cpus() // _share_count())
+    return max(1, usable_cpus() // share_count())

@@ -100,3 +100,17 @@ def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch) -
     out = sections.run_sections("smoke", 1, "cpu", ["a", "b"])
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert max(a0, b0) < min(a1, b1)
+
+
+def test_report_meta_says_how_the_cpus_were_shared(tmp_path: Path) -> None:
+    """``meta.cpu`` of a sharded run: the CPUs, the share count and the threads of the run."""
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness", "run", "--suite", "smoke", "--backend", "reference",
+                          "--cases", "int8.*", "--checks", "forward", "--no-sections", "--no-progress", "--shard", "1/2",
+                          "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    cpu = report["meta"]["cpu"]
+    assert cpu["share"] == 2 and cpu["torch_threads"] == max(1, cpu["usable"] // 2), cpu
+    assert "shared by 2 process(es)" in (tmp_path / "r" / "report.html").read_text()
