@@ -79,6 +79,23 @@ def share_cpus(processes: int) -> int:
     return torch.get_num_threads()
 
 
+@contextmanager
+def sharing_cpus(processes: int) -> Iterator[int]:
+    """``share_cpus(processes)`` for the duration of a block (a run called in process, e.g. from a
+    test or a notebook), then this process's threads and share count as they were."""
+    import torch
+
+    threads, env = torch.get_num_threads(), os.environ.get(SHARE_ENV)
+    try:
+        yield share_cpus(processes)
+    finally:
+        torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop(SHARE_ENV, None)
+        else:
+            os.environ[SHARE_ENV] = env
+
+
 SHARE_ENV = "PARITY_CPU_SHARE"
 """How many harness processes share this host's CPUs (set by ``share_cpus``, inherited by the
 processes this one starts)."""

@@ -171,9 +171,6 @@ def _cmd_run(args) -> int:
     if share < 1:
         print(f"error: --share-cpus {share}: expected a count >= 1", file=sys.stderr)
         return 2
-    from moe_fq_parity.harness.core.processes import share_cpus
-
-    share_cpus(share)
     if not cases:
         print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
         return 2
@@ -196,8 +193,11 @@ def _cmd_run(args) -> int:
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
         nan_bits=args.nan_bits,
     )
+    from moe_fq_parity.harness.core.processes import sharing_cpus
+
     try:
-        return run(cfg)
+        with sharing_cpus(share):
+            return run(cfg)
     except ValueError as exc:  # unknown checks / sections
         print(f"error: {exc}", file=sys.stderr)
         return 2

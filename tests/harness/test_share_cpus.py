@@ -52,30 +52,32 @@ def test_xdist_workers_each_take_their_share(tmp_path: Path) -> None:
 
 
 def test_a_shard_shares_the_cpus_with_its_siblings(tmp_path: Path) -> None:
-    """``run --shard 1/2`` caps its threads at half the CPUs, ``--share-cpus 1`` takes all of them,
-    ``--share-cpus 0`` is refused before anything runs."""
+    """``run --shard 1/2`` runs with its threads capped at half the CPUs, ``--share-cpus 1`` with all
+    of them, ``--share-cpus 0`` is refused before anything runs (threads as the report records them)."""
+    import json
+    import os
+
     script = textwrap.dedent("""
         import sys, torch
         from moe_fq_parity.harness.run import cli
-        from moe_fq_parity.harness.core.processes import usable_cpus
         torch.set_num_threads(64)
-        rc = cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward",
-                       "--no-sections", "--no-progress", "--out", sys.argv[1], *sys.argv[2:]])
-        print("THREADS", torch.get_num_threads(), usable_cpus(), "RC", rc)
+        sys.exit(cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward",
+                           "--no-sections", "--no-progress", "--out", sys.argv[1], *sys.argv[2:]]))
     """)
-    def threads(*extra: str) -> tuple[int, int, int]:
-        res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "r"), *extra], capture_output=True, text=True, timeout=300)
-        line = [ln for ln in res.stdout.splitlines() if ln.startswith("THREADS")]
-        assert line, res.stdout[-2000:] + res.stderr[-2000:]
-        _, t, cpus, _, rc = line[-1].split()
-        return int(t), int(cpus), int(rc)
+    env = {k: v for k, v in os.environ.items() if k != processes.SHARE_ENV}  # not this xdist worker's share
 
-    t, cpus, rc = threads("--shard", "1/2")
-    assert rc == 0 and t == max(1, cpus // 2)
-    t, cpus, rc = threads("--shard", "1/2", "--share-cpus", "1")
-    assert rc == 0 and t == min(64, cpus)  # one process per host: at most a thread per CPU
-    t, cpus, rc = threads("--share-cpus", "0")
-    assert rc == 2
+    def run(name: str, *extra: str) -> tuple[int, dict]:
+        out = tmp_path / name
+        res = subprocess.run([sys.executable, "-c", script, str(out), *extra], capture_output=True, text=True, timeout=300, env=env)
+        meta = json.loads((out / "report.json").read_text())["meta"] if (out / "report.json").exists() else {}
+        return res.returncode, meta.get("cpu", {})
+
+    rc, cpu = run("half", "--shard", "1/2")
+    assert rc == 0 and cpu["share"] == 2 and cpu["torch_threads"] == max(1, cpu["usable"] // 2), cpu
+    rc, cpu = run("all", "--shard", "1/2", "--share-cpus", "1")
+    assert rc == 0 and cpu["share"] == 1 and cpu["torch_threads"] == min(64, cpu["usable"]), cpu  # at most a thread per CPU
+    rc, cpu = run("refused", "--share-cpus", "0")
+    assert rc == 2 and cpu == {}
 
 
 def test_started_processes_inherit_the_share(monkeypatch) -> None:
@@ -106,11 +108,26 @@ def test_report_meta_says_how_the_cpus_were_shared(tmp_path: Path) -> None:
     """``meta.cpu`` of a sharded run: the CPUs, the share count and the threads of the run."""
     import json
 
+    env = {k: v for k, v in __import__("os").environ.items() if k != processes.SHARE_ENV}  # not this xdist worker's share
     res = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness", "run", "--suite", "smoke", "--backend", "reference",
                           "--cases", "int8.*", "--checks", "forward", "--no-sections", "--no-progress", "--shard", "1/2",
-                          "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+                          "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     cpu = report["meta"]["cpu"]
     assert cpu["share"] == 2 and cpu["torch_threads"] == max(1, cpu["usable"] // 2), cpu
     assert "shared by 2 process(es)" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_a_run_in_process_gives_the_threads_and_share_back(tmp_path: Path, monkeypatch, restore_threads) -> None:
+    """``cli.main(["run", "--shard", ...])`` called in process (tests, notebooks) leaves this
+    process's threads and share count as they were."""
+    from moe_fq_parity.harness.run import cli
+
+    monkeypatch.setenv(processes.SHARE_ENV, "1")
+    torch.set_num_threads(max(2, processes.usable_cpus()))
+    before = torch.get_num_threads()
+    rc = cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward", "--no-sections",
+                   "--no-progress", "--shard", "1/2", "--share-cpus", "8", "--out", str(tmp_path / "r")])
+    assert rc == 0
+    assert torch.get_num_threads() == before and processes.share_count() == 1
