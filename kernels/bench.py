@@ -182,18 +182,23 @@ def _api_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=5, rep=25, return_mode="median")
 
 
-def host_samples_us(fn: Callable[[], object], calls: int) -> list[float]:
-    """Host time (us) of ``calls`` calls of ``fn``, each started with the device idle (a sync before,
-    not timed), so the number is what the host spends issuing one call."""
+def host_samples_us(fn: Callable[[], object], calls: int, *, before: Callable[[], object] = lambda: None,
+                    sync: Callable[[], None] | None = None) -> list[float]:  # fmt: skip
+    """Host time (us) of ``calls`` calls of ``fn``, each started with the device idle (``before()``
+    and a sync first, not timed), so the number is what the host spends issuing one call.  One
+    untimed call first; ``sync`` defaults to ``torch.cuda.synchronize``."""
+    sync = torch.cuda.synchronize if sync is None else sync
+    before()
     fn()
-    torch.cuda.synchronize()
+    sync()
     out = []
     for _ in range(calls):
-        torch.cuda.synchronize()
+        before()
+        sync()
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
+    sync()
     return out
 
 
@@ -432,18 +437,6 @@ def host_floor_rows(params: list[torch.Tensor], grads: list[torch.Tensor], calls
     from .launch import table_key
 
     n, shape, dtype, device = len(params), tuple(params[0].shape), params[0].dtype, params[0].device
-    rows = []
-
-    def timed(fn: Callable[[], object], before: Callable[[], object] = lambda: None) -> list[float]:
-        out = []
-        for _ in range(calls):
-            before()
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e6)
-        return out
-
     state: dict = {}
 
     def fwd() -> None:
@@ -451,9 +444,9 @@ def host_floor_rows(params: list[torch.Tensor], grads: list[torch.Tensor], calls
             p.grad = None
         state["outs"] = _NoOpExperts.apply(*params)
 
-    rows.append(timed(lambda: torch.empty((n, *shape), dtype=dtype, device=device).unbind(0)))
-    rows.append(timed(lambda: table_key(params)))
-    rows.append(timed(lambda: torch.autograd.backward(state.pop("outs"), grads), before=fwd))
+    rows = [host_samples_us(lambda: torch.empty((n, *shape), dtype=dtype, device=device).unbind(0), calls, sync=sync),
+            host_samples_us(lambda: table_key(params), calls, sync=sync),
+            host_samples_us(lambda: torch.autograd.backward(state.pop("outs"), grads), calls, before=fwd, sync=sync)]  # fmt: skip
     return [{"entry": e, "n": n, "bound_us": None, **_stats(r)} for e, r in zip(FLOOR_ENTRIES, rows)]
 
 
@@ -501,15 +494,12 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
         }
         for what, fn in entries.items():
             rows.append({"entry": what, "n": n, "bound_us": host_bound_us(n), **_stats(host_samples_us(fn, calls))})
-        samples = []
-        for _ in range(calls):  # the backward needs a fresh forward each time (untimed)
+        def fresh_forward() -> None:  # the backward needs a fresh forward each time (untimed)
             module_fwd()
             for w in layer.weights():
                 w.grad = None  # AccumulateGrad then keeps the gradient (no per-expert add kernels)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            module_bwd()
-            samples.append((time.perf_counter() - t0) * 1e6)
+
+        samples = host_samples_us(module_bwd, calls, before=fresh_forward)
         rows.append({"entry": "QuantGroupedLinear fq backward", "n": n, "bound_us": host_bound_us(n), **_stats(samples)})
         rows.append({"entry": "QuantGroupedLinear layer fwd+bwd (incl. N GEMMs)", "n": n, "bound_us": None,
                      **_stats(host_samples_us(layer_step, max(50, calls // 10)))})  # fmt: skip
