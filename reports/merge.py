@@ -7,7 +7,11 @@ commits merge only when their case selections are identical (same digest); other
 refused, naming both commits.  ``MergeError`` says which report and field disagree.
 
 The merged report has the records of every shard in the order of an unsharded run (the selection's
-case order; within a case, the shard's own order), the sections in the order they were chosen,
+case order; within a case, the shard's own order), the sections in the order they were chosen (a
+section split across the shards -- its JSON has ``part: {index, count, blocks}`` -- is rebuilt from
+every shard's part: the blocks of all parts sorted by key, which is the unsplit section's row order;
+its verdict is recomputed from the rows, its ``seconds`` is the slowest part's; a part missing from
+an incomplete shard becomes one ``fail`` row naming it, and from a complete shard refuses the merge),
 ``complete`` only when every shard completed, and ``meta.merged`` listing the shards (path, commit,
 device, start/finish, completeness).  ``meta.copy_gbps`` is shard 1's; each shard's is in
 ``meta.merged.shards``.
@@ -67,6 +71,72 @@ def _check_indices(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         raise MergeError(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: merge needs all {count} shards")
 
 
+def _verdict(rows: list[dict[str, Any]]) -> str:
+    """A section's verdict from its rows (as ``harness.sections.Section.verdict``)."""
+    if any(r["verdict"] == "fail" for r in rows):
+        return "fail"
+    return "skip" if rows and all(r["verdict"] == "skip" for r in rows) else "pass"
+
+
+def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One section from its parts (``{part index: (path, section JSON)}``; see the module docstring)."""
+    count = items[0][1]["meta"]["shard"]["count"]
+    blocks: list[tuple[list[int], int, list[dict[str, Any]]]] = []
+    for index, (path, sec) in sorted(parts.items()):
+        rows, pos = sec["rows"], 0
+        for key, n in sec["part"]["blocks"]:
+            blocks.append((list(key), index, rows[pos:pos + n]))
+            pos += n
+        if pos != len(rows):
+            raise MergeError(f"{path}: section {name} part {index}/{count} has {len(rows)} rows but its blocks hold {pos}")
+    blocks.sort(key=lambda b: b[0])
+    for (k1, i1, _), (k2, i2, _) in zip(blocks, blocks[1:]):
+        if k1 == k2:
+            raise MergeError(f"section {name}: block {k1} is in parts {i1}/{count} and {i2}/{count}: not parts of one split")
+    rows = [r for _, _, block in blocks for r in block]
+    complete = {rep["meta"]["shard"]["index"]: (path, rep["complete"]) for path, rep in items}
+    for index in range(1, count + 1):
+        if index in parts:
+            continue
+        path, done = complete[index]
+        if done:
+            raise MergeError(f"{path}: shard {index}/{count} is complete but has no part of section {name}")
+        rows.append({"id": f"{name}/part{index}of{count}", "verdict": "fail", "fields": {}, "repro": "",
+                     "message": f"part {index}/{count} of section {name} is missing: shard {index}/{count} ({path}) did not finish"})
+    first = parts[min(parts)][1]
+    notes = list(dict.fromkeys(sec.get("notes", "") for _, sec in (parts[i] for i in sorted(parts))))
+    out = {k: v for k, v in first.items() if k not in ("part", "rows", "verdict", "notes", "seconds")}
+    out.update(rows=rows, notes=" | ".join(n for n in notes if n), verdict=_verdict(rows))
+    seconds = [sec["seconds"] for _, sec in parts.values() if "seconds" in sec]
+    if seconds:
+        out["seconds"] = max(seconds)
+    return out
+
+
+def merge_sections(items: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The sections of the shards: whole ones as they are (each in one shard), split ones rebuilt."""
+    count = items[0][1]["meta"]["shard"]["count"]
+    whole: dict[str, tuple[str, dict[str, Any]]] = {}
+    split: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {}
+    for path, rep in items:
+        index = rep["meta"]["shard"]["index"]
+        for sec in rep.get("sections", []):
+            name, part = sec["name"], sec.get("part")
+            if part is None:
+                if name in whole or name in split:
+                    raise MergeError(f"section {name} is in {(whole.get(name) or next(iter(split[name].values())))[0]} and {path}")
+                whole[name] = (path, sec)
+                continue
+            if name in whole:
+                raise MergeError(f"section {name} is whole in {whole[name][0]} and a part in {path}")
+            if (part["index"], part["count"]) != (index, count):
+                raise MergeError(f"{path}: shard {index}/{count} holds part {part['index']}/{part['count']} of section {name}")
+            if index in split.get(name, {}):
+                raise MergeError(f"{path}: section {name} part {index}/{count} given twice")
+            split.setdefault(name, {})[index] = (path, sec)
+    return [sec for _, sec in whole.values()] + [_merge_split(name, parts, items) for name, parts in split.items()]
+
+
 def merge_reports(items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One report from ``(path, report)`` pairs of the shards of one run (see the module docstring)."""
     if not items:
@@ -91,7 +161,7 @@ def merge_reports(items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
             records.append((order[r["case_id"]], len(records), r))
     records.sort(key=lambda t: (t[0], t[1]))
     rank = {name: k for k, name in enumerate(shard0.get("sections") or [])}
-    sections = sorted((s for _, rep in items for s in rep.get("sections", [])), key=lambda s: rank.get(s["name"], len(rank)))
+    sections = sorted(merge_sections(items), key=lambda s: rank.get(s["name"], len(rank)))
     metas = [rep["meta"] for _, rep in items]
     meta = {k: v for k, v in metas[0].items() if k != "shard"}
     commits = list(dict.fromkeys(m.get("git_commit") for m in metas))

@@ -11,7 +11,9 @@ is now skipped.  A new report that lists its cases (``meta.cases``: a run of sel
 on those cases only, the others named as a change.
 
 When the new report is one shard of a sharded run (``meta.shard``) and the old one is not, only the
-old records of the shard's cases are compared.  Merged reports (``moe-fq-parity merge``) compare like
+old records of the shard's cases are compared, and of the sections those the shard ran: a whole
+section row for row, a section split across the shards on the rows of the shard's part (a part
+cannot tell which of the baseline's rows were its own; the merged report can).  Merged reports (``moe-fq-parity merge``) compare like
 any report.
 """
 
@@ -114,8 +116,8 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
         d.regressions.append(f"... and {len(missing) - MAX_LISTED} more records missing in the new report")
     old_s, new_s = _section_rows(old), _section_rows(new)
     if shard and not old.get("meta", {}).get("shard"):  # a shard runs only its share of the sections
-        ran = {s["name"] for s in new.get("sections", [])}
-        old_s = {k: r for k, r in old_s.items() if k.split(":", 1)[0] in ran}
+        ran = {s["name"] for s in new.get("sections", []) if not s.get("part")}
+        old_s = {k: r for k, r in old_s.items() if k.split(":", 1)[0] in ran or k in new_s}  # a part: the rows it has
     for key, n in new_s.items():
         o = old_s.get(key)
         if n["verdict"] == "fail" and (o is None or o["verdict"] != "fail"):

@@ -262,13 +262,15 @@ def _run_locked(cfg: RunConfig) -> int:
         names = cfg.section_names()
         t0 = time.perf_counter()
         def section_done(done: list[dict], last: dict) -> None:
-            print(f"section {last['name']}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
+            of = f" (part {last['part']['index']}/{last['part']['count']})" if last.get("part") else ""
+            print(f"section {last['name']}{of}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
             phases["sections"] = time.perf_counter() - t0
             phases["total"] = time.perf_counter() - started
             writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
             writer.set_sections(done)
 
-        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names, on_done=section_done) if names else []
+        part = report_sections.Part(cfg.shard.index, cfg.shard.count) if cfg.shard is not None else None
+        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names, on_done=section_done, part=part) if names else []
         phases["sections"] = time.perf_counter() - t0
         writer.set_sections(sections)
         if cfg.baseline is not None:

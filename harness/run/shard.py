@@ -3,8 +3,11 @@
 Assignment (longest processing time first, by bytes): the cases are ordered by input + output bytes,
 largest first (ties by case id), and each goes to the shard with the fewest bytes so far (ties to
 the lowest index).  It depends only on the selected cases, so every shard of a run computes the same
-partition; a shard runs its cases in the suite's order.  Report sections run round-robin over the
-shards, in the order they were chosen (section ``k`` in shard ``k mod n + 1``).
+partition (``harness.core.partition.balance``); a shard runs its cases in the suite's order.  A report
+section that can be split (``harness.sections.SPLIT_SECTIONS``) runs in every shard, shard ``i``
+producing its part ``i/n`` (``merge`` puts the parts' rows back in the unsplit order); the other
+sections run round-robin over the shards, in the order they were chosen (the ``k``-th of them in
+shard ``k mod n + 1``).
 
 Each shard's report carries ``meta.shard``: its index and count, the full selection's case ids (in
 run order) and their digest, so ``moe-fq-parity merge`` can prove the shards partition one selection
@@ -20,6 +23,8 @@ from typing import Optional, Sequence
 
 from moe_fq_parity.cases import Case
 from moe_fq_parity.harness.core.memory import case_bytes
+from moe_fq_parity.harness.core.partition import balance
+from moe_fq_parity.harness import sections as report_sections
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -48,13 +53,7 @@ def parse_shard(text: str) -> Shard:
 
 def assign(cases: Sequence[Case], count: int) -> list[int]:
     """The shard index (1-based) of each case (see the module docstring)."""
-    load = [0] * count
-    out = [0] * len(cases)
-    for k in sorted(range(len(cases)), key=lambda k: (-case_bytes(cases[k]), cases[k].id)):
-        best = min(range(count), key=lambda s: (load[s], s))
-        load[best] += case_bytes(cases[k])
-        out[k] = best + 1
-    return out
+    return balance([case_bytes(c) for c in cases], count, order=[c.id for c in cases])
 
 
 def select_shard(cases: Sequence[Case], shard: Shard) -> tuple[Case, ...]:
@@ -63,10 +62,13 @@ def select_shard(cases: Sequence[Case], shard: Shard) -> tuple[Case, ...]:
 
 
 def sections_of_shard(sections: Sequence[str], shard: Optional[Shard]) -> tuple[str, ...]:
-    """The report sections this shard runs (all of them without sharding)."""
+    """The report sections this shard runs (all of them without sharding): every split section (its
+    part ``shard.index`` of ``shard.count``), and its round-robin share of the others."""
     if shard is None:
         return tuple(sections)
-    return tuple(name for k, name in enumerate(sections) if k % shard.count + 1 == shard.index)
+    split = report_sections.SPLIT_SECTIONS
+    whole = [name for name in sections if name not in split]
+    return tuple(name for name in sections if name in split or whole.index(name) % shard.count + 1 == shard.index)
 
 
 def selection_digest(case_ids: Sequence[str]) -> str:

@@ -4,6 +4,12 @@ A section is produced by a runner ``run(suite: str, seed: int, device: str) -> S
 ``SECTION_RUNNERS`` as ``"module:function"`` (imported lazily, so a section whose dependencies are
 missing is reported as skipped with the reason instead of breaking the run).  The report renders
 each section as one table; a section fails when any of its rows fails.
+
+A section named in ``SPLIT_SECTIONS`` can be split across the shards of a run: its runner also takes
+``part=Part(i, n)`` and then runs only its share of the work, returning its rows in keyed blocks
+(``section_from_blocks``).  The keys order the blocks of the unsplit section, so ``merge`` rebuilds
+the unsplit table by sorting every part's blocks by key; a runner builds its unsplit section the same
+way (all blocks, sorted), so the merged rows equal the unsplit ones by construction.
 """
 
 from __future__ import annotations
@@ -12,9 +18,35 @@ import importlib
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 VERDICTS = ("pass", "fail", "skip")
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` (1-based) of ``count`` of a section split across the shards of a run."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= self.count:
+            raise ValueError(f"part {self.index}/{self.count}: expected 1 <= index <= count")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def owned(self, weights: Sequence[float]) -> list[bool]:
+        """Which of the items of these weights (in their unsplit order) are this part's
+        (``harness.core.partition.balance``: every part computes the same partition)."""
+        from moe_fq_parity.harness.core.partition import balance
+
+        return [p == self.index for p in balance(weights, self.count)]
+
+
+BlockKey = tuple[int, ...]
+"""Orders the blocks of a split section: the unsplit section is its blocks sorted by key."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,10 @@ class Section:
     columns: list[str]
     rows: list[SectionRow]
     notes: str = ""
+    part: Optional[Part] = None
+    """Set when this is one part of a split section; ``blocks`` then gives its rows' blocks."""
+    blocks: tuple[tuple[BlockKey, int], ...] = ()
+    """``(key, number of rows)`` of each block of ``rows``, in order (parts only)."""
 
     @property
     def verdict(self) -> str:
@@ -70,8 +106,25 @@ class Section:
         return "pass"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "title": self.title, "columns": list(self.columns), "rows": [r.to_json(diffs=False) for r in self.rows],
-                "notes": self.notes, "verdict": self.verdict}
+        d = {"name": self.name, "title": self.title, "columns": list(self.columns), "rows": [r.to_json(diffs=False) for r in self.rows],
+             "notes": self.notes, "verdict": self.verdict}
+        if self.part is not None:
+            d["part"] = {"index": self.part.index, "count": self.part.count, "blocks": [[list(k), n] for k, n in self.blocks]}
+        return d
+
+
+def section_from_blocks(name: str, title: str, columns: list[str], blocks: Iterable[tuple[BlockKey, list[SectionRow]]], notes: str = "",
+                        part: Optional[Part] = None) -> Section:
+    """A section whose rows are ``blocks`` sorted by key (keys unique): the unsplit section when
+    ``part`` is None, else that part of it (with its blocks, for ``merge``).  ``notes`` must not
+    depend on the part: every part of a section carries the notes of the unsplit one."""
+    ordered = sorted(blocks, key=lambda b: b[0])
+    keys = [k for k, _ in ordered]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"section {name}: block keys repeat: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
+    rows = [r for _, block in ordered for r in block]
+    sizes = tuple((k, len(block)) for k, block in ordered) if part is not None else ()
+    return Section(name=name, title=title, columns=columns, rows=rows, notes=notes, part=part, blocks=sizes)
 
 
 SECTION_RUNNERS: dict[str, str] = {
@@ -82,43 +135,57 @@ SECTION_RUNNERS: dict[str, str] = {
 }
 """Section name -> runner.  Each runner decides what it does for a suite (smoke/ci/nightly/ultra)."""
 
+SPLIT_SECTIONS: frozenset[str] = frozenset({"moe", "dist"})
+"""Sections whose runner takes ``part=Part(i, n)`` (see the module docstring): a sharded run gives each
+shard its part of them instead of giving each of them to one shard.  Measured on two H100s of one
+host, unsplit: the nightly's ``dist`` (53 s) and ``moe`` (48 s) sections alone were most of what two
+shards could not share (cases and reference of the whole run: 65 s)."""
 
-def _single(name: str, verdict: str, message: str) -> Section:
-    return Section(name=name, title=name, columns=[], rows=[SectionRow(id=name, verdict=verdict, message=message)])
+
+def _single(name: str, verdict: str, message: str, part: Optional[Part] = None) -> Section:
+    """A section of one row (a runner that could not run, or broke); as a part, one block keyed
+    ``(-1, part.index)`` (first in the merged table) with an id naming the part."""
+    if part is None:
+        return Section(name=name, title=name, columns=[], rows=[SectionRow(id=name, verdict=verdict, message=message)])
+    row = SectionRow(id=f"{name}/part{part.index}of{part.count}", verdict=verdict, message=f"part {part}: {message}")
+    return section_from_blocks(name, name, [], [((-1, part.index), [row])], part=part)
 
 
-def run_section(name: str, target: str, suite: str, seed: int, device: str) -> Section:
-    """One section, never raising (see the module docstring)."""
+def run_section(name: str, target: str, suite: str, seed: int, device: str, part: Optional[Part] = None) -> Section:
+    """One section (its ``part`` of it, for a section of ``SPLIT_SECTIONS``), never raising (see the
+    module docstring)."""
     module_name, _, fn_name = target.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as exc:
-        return _single(name, "skip", f"section runner {target} unavailable: {type(exc).__name__}: {exc}")
+        return _single(name, "skip", f"section runner {target} unavailable: {type(exc).__name__}: {exc}", part)
     try:
-        section = fn(suite=suite, seed=seed, device=device)
+        section = fn(suite=suite, seed=seed, device=device) if part is None else fn(suite=suite, seed=seed, device=device, part=part)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a broken section is a failed section
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return _single(name, "fail", f"section runner {target} raised {tb}")
+        return _single(name, "fail", f"section runner {target} raised {tb}", part)
     if not isinstance(section, Section):
-        return _single(name, "fail", f"section runner {target} returned {type(section).__name__}, not Section")
+        return _single(name, "fail", f"section runner {target} returned {type(section).__name__}, not Section", part)
+    if section.part != part:
+        return _single(name, "fail", f"section runner {target} was asked for part {part} and returned part {section.part}", part)
     return section
 
 
-def _timed(name: str, target: str, suite: str, seed: int, device: str) -> dict[str, Any]:
+def _timed(name: str, target: str, suite: str, seed: int, device: str, part: Optional[Part] = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    return run_section(name, target, suite, seed, device).to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+    return run_section(name, target, suite, seed, device, part).to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int) -> None:
+def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int, part: Optional[Part]) -> None:
     """Body of a section's own process (``threads``: its share of the parent's PyTorch threads): its
     JSON (or the exception's last line) through ``conn``."""
     try:
         import torch
 
         torch.set_num_threads(threads)
-        conn.send(("ok", _timed(name, target, suite, seed, device)))
+        conn.send(("ok", _timed(name, target, suite, seed, device, part)))
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a failed section
         conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
     finally:
@@ -134,10 +201,11 @@ OnDone = Callable[[list[dict[str, Any]], dict[str, Any]], None]
 
 
 def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None, on_done: Optional[OnDone] = None,
-                 parallel: Optional[bool] = None) -> list[dict[str, Any]]:
+                 parallel: Optional[bool] = None, part: Optional[Part] = None) -> list[dict[str, Any]]:
     """JSON of the selected sections (default: all of ``SECTION_RUNNERS``) in the order chosen, each
     with the wall ``seconds`` it took; ``on_done`` is called as each one finishes (progress, and a
-    report that keeps the finished sections if the run is cut off).
+    report that keeps the finished sections if the run is cut off).  ``part`` (shard ``i/n`` of a
+    sharded run): the sections of ``SPLIT_SECTIONS`` run that part of themselves, the others whole.
 
     ``parallel`` (default: when this process's share of the host's CPUs, ``cpu_share``, is
     ``PARALLEL_MIN_CPUS`` or more): every section in
@@ -157,14 +225,14 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
     if not parallel or len(chosen) < 2:
         out = []
         for n in chosen:
-            out.append(_timed(n, SECTION_RUNNERS[n], suite, seed, device))
+            out.append(_timed(n, SECTION_RUNNERS[n], suite, seed, device, part if n in SPLIT_SECTIONS else None))
             if on_done is not None:
                 on_done(list(out), out[-1])
         return out
-    return _run_parallel(chosen, suite, seed, device, on_done)
+    return _run_parallel(chosen, suite, seed, device, on_done, part)
 
 
-def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done: Optional[OnDone]) -> list[dict[str, Any]]:
+def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done: Optional[OnDone], part: Optional[Part]) -> list[dict[str, Any]]:
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -181,7 +249,8 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done
         for n in chosen:
             recv, send = ctx.Pipe(duplex=False)
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device, threads), name=f"section-{n}")
+            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device, threads, part if n in SPLIT_SECTIONS else None),
+                            name=f"section-{n}")
             with startable_main():
                 p.start()
             send.close()
@@ -197,7 +266,7 @@ def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done
                 if status == "ok":
                     done[n] = payload
                 else:
-                    failed = _single(n, "fail", f"section {n} failed in its process: {payload}")
+                    failed = _single(n, "fail", f"section {n} failed in its process: {payload}", part if n in SPLIT_SECTIONS else None)
                     done[n] = failed.to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
                 p.join(5)
                 if on_done is not None:

@@ -35,3 +35,22 @@ def threads(suite: str, seed: int, device: str) -> Section:
     import torch
 
     return Section("threads", "fake section reporting its threads", ["threads"], [SectionRow("threads/1", "pass", {"threads": torch.get_num_threads()})])
+
+
+SPLIT_BLOCKS = ((2,), (0,), (1, 0), (1, 1), (1, 2))
+"""Block keys of ``split``, deliberately not in key order (the section is its blocks sorted by key)."""
+
+
+def split(suite: str, seed: int, device: str, part=None) -> Section:
+    """A splittable section: block ``k`` has ``len(key)`` rows, one failing in block ``(1, 1)``;
+    a part runs the blocks it owns (weights 3, 1, 1, 1, 1: part 1 of 2 gets the heavy block alone)."""
+    from moe_fq_parity.harness.sections import section_from_blocks
+
+    owned = part.owned([3.0, 1.0, 1.0, 1.0, 1.0]) if part is not None else [True] * len(SPLIT_BLOCKS)
+    blocks = []
+    for key, own in zip(SPLIT_BLOCKS, owned):
+        if own:
+            tag = "-".join(map(str, key))
+            blocks.append((key, [SectionRow(f"split/{tag}/{j}", "fail" if key == (1, 1) and j == 0 else "pass", {"key": tag, "seed": seed},
+                                            message=f"block {tag} row {j}") for j in range(len(key))]))
+    return section_from_blocks("split", "fake split section", ["key", "seed"], blocks, notes=f"seed {seed}", part=part)

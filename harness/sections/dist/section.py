@@ -9,6 +9,10 @@ deliberate bug was caught), ``bad_input/...`` refusals; an engine that cannot ru
 
 Suites: ``smoke`` -- layouts of up to 2 ranks; ``ci``, ``nightly``, ``ultra`` -- up to 8 ranks
 (on CUDA: up to the number of GPUs, at least 2 needed).
+
+``run(..., part=Part(i, n))`` runs part ``i`` of ``n`` of the section (a shard's share: its share of
+the load layouts of every engine, ``matrix.run_plan_blocks``); its blocks are keyed
+``(engine index, *matrix key)``.
 """
 
 from __future__ import annotations
@@ -16,17 +20,17 @@ from __future__ import annotations
 import shlex
 import tempfile
 from dataclasses import replace
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
-from moe_fq_parity.harness.sections import Section, SectionRow
+from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
 
 from .checks import Verdict
 from .engines import ENGINES
 from .layout import matrix_layouts
-from .matrix import DistPlan, run_plan
+from .matrix import DistPlan, run_plan_blocks
 
 SUITE_MAX_WORLD = suite_table({"smoke": 2, "ci": 8, "nightly": 8, "ultra": 8}, what="dist SUITE_MAX_WORLD")
 COLUMNS = ["save", "load", "qlayout", "format", "engine", "tensors", "mismatches"]
@@ -59,13 +63,15 @@ def repro(v: SectionRow, seed: int, device: str) -> str:
     return shlex.join(args)
 
 
-def to_section(verdicts: list[SectionRow], seed: int, device: str, notes: str = "") -> Section:
-    """Rows in run order; shown fields restricted to ``COLUMNS``."""
-    rows = [
-        SectionRow(v.id, v.verdict, {k: v.fields[k] for k in COLUMNS if k in v.fields}, repro(v, seed, device), v.message)
-        for v in verdicts
-    ]
-    return Section(name="dist", title=TITLE, columns=COLUMNS, rows=rows, notes=notes)
+def to_rows(verdicts: list[SectionRow], seed: int, device: str, workdir: str = "") -> list[SectionRow]:
+    """Rows in run order; shown fields restricted to ``COLUMNS``; the run's temporary folder
+    ``workdir`` (deleted after the run) written ``<workdir>`` in messages, so two runs of the same
+    seed give the same rows."""
+    def message(text: str) -> str:
+        return text.replace(workdir, "<workdir>") if workdir else text
+
+    return [SectionRow(v.id, v.verdict, {k: v.fields[k] for k in COLUMNS if k in v.fields}, repro(v, seed, device), message(v.message))
+            for v in verdicts]
 
 
 def engine_row(v: SectionRow, engine: str) -> SectionRow:
@@ -76,16 +82,15 @@ def engine_row(v: SectionRow, engine: str) -> SectionRow:
     return replace(v, id=f"{engine}/{v.id}", fields={**v.fields, "engine": engine})
 
 
-def engine_tally(engine: str, verdicts: list[SectionRow]) -> str:
-    """``engine (version): P pass, F fail, S skip`` for the notes (the side-by-side summary)."""
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("pass", "fail", "skip")}
+def engine_label(engine: str) -> str:
+    """``engine`` with its version where known (``megatron (megatron-core 0.x)``), for the notes."""
     version = ENGINES[engine].version() if hasattr(ENGINES[engine], "version") else ""
-    label = f"{engine} ({'megatron-core ' + version})" if engine == "megatron" and version else engine
-    return f"{label}: {counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip"
+    return f"{engine} (megatron-core {version})" if engine == "megatron" and version else engine
 
 
-def run(suite: str, seed: int, device: str) -> Section:
-    """The ``dist`` section (see the module docstring)."""
+def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Section:
+    """The ``dist`` section, or its ``part`` (see the module docstring).  The notes do not depend on
+    the part (each engine's pass/fail/skip counts are the table's: its rows carry the engine)."""
     plan = plan_for(suite, seed, device)
     note = ""
     if isinstance(plan, str) and device == "cuda":
@@ -94,18 +99,19 @@ def run(suite: str, seed: int, device: str) -> Section:
         device = "cpu"
         plan = plan_for(suite, seed, device)
     if isinstance(plan, str):
-        return to_section([Verdict("dist", "skip", {}, plan)], seed, device)
-    verdicts: list[SectionRow] = []
-    tallies = []
+        first = part is None or part.index == 1
+        return section_from_blocks("dist", TITLE, COLUMNS, [((0,), to_rows([Verdict("dist", "skip", {}, plan)], seed, device))] if first else [],
+                                   part=part)
+    blocks = []
     with tempfile.TemporaryDirectory(prefix="parity-dist-") as workdir:
-        for engine in ENGINES:
+        for e, engine in enumerate(ENGINES):
             # Every engine runs the same matrix and the same negative controls: a bug must be
             # caught whichever engine wrote and read the checkpoint.
-            engine_verdicts = run_plan(replace(plan, engine=engine), f"{workdir}/{engine}")
-            verdicts += [engine_row(v, engine) for v in engine_verdicts]
-            tallies.append(engine_tally(engine, engine_verdicts))
+            for key, rows in run_plan_blocks(replace(plan, engine=engine), f"{workdir}/{engine}", part):
+                blocks.append(((e, *key), to_rows([engine_row(v, engine) for v in rows], seed, device, workdir)))
     layouts = ", ".join(lay.id for lay in plan.save_layouts)
-    notes = f"{'NCCL' if device == 'cuda' else 'gloo'} ranks per layout; layouts {layouts}; model {plan.cfg.id}; seed {seed}; " + "; ".join(tallies)
+    notes = (f"{'NCCL' if device == 'cuda' else 'gloo'} ranks per layout; layouts {layouts}; model {plan.cfg.id}; seed {seed}; "
+             f"engines {', '.join(engine_label(e) for e in ENGINES)}")
     if note:
         notes += f"; {note}"
-    return to_section(verdicts, seed, device, notes)
+    return section_from_blocks("dist", TITLE, COLUMNS, blocks, notes, part)

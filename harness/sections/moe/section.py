@@ -8,16 +8,22 @@ the weight, input and state-dict checks.  Row ids:
 
 With the real module, ``te_vs_twin/...`` rows compare every model's amax and outputs between the
 two backends bitwise.  Without it one ``skip`` row gives the reason.
+
+``run(..., part=Part(i, n))`` runs part ``i`` of ``n`` (a shard's share): the section's blocks are
+the TE skip row ``(0,)``, each layer's layout rows ``(1, layer, 0)`` and each (layer, recipe)
+``(1, layer, 1 + recipe)``; a part runs the blocks it owns (``Part.owned``, equal weights), building a
+layer's expert data only when it owns one of that layer's blocks.
 """
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from moe_fq_parity.harness.sections import Section, SectionRow
+from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
 
 from .bench import Bench, build_bench
 from .checks_input import input_rows
@@ -81,25 +87,34 @@ def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
             sink.add_diff(role, check, bit_diff(exp, got, label="weight amax, input amax, outputs #"))
 
 
-def run(suite: str, seed: int, device: str) -> Section:
-    """All MoE rows for ``suite`` (smoke/ci/nightly/ultra) from ``seed`` on ``device``."""
+def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Section:
+    """All MoE rows for ``suite`` (smoke/ci/nightly/ultra) from ``seed`` on ``device``, or ``part``
+    of them (see the module docstring)."""
     cfg = SUITES[parse_suite(suite)]
     dev = torch.device(device)
     te_ok, te_why = te_available() if dev.type == "cuda" else (False, f"device {device} is not CUDA")
     backends = ["twin"] + (["te"] if te_ok else [])
-    rows: list[SectionRow] = []
-    if not te_ok:
-        rows.append(SectionRow(id=f"te/real_grouped_linear/s{seed}", verdict="skip",
-                               fields={"backend": "te", "check": "real GroupedLinear checks", "measured": te_why}, message=te_why))
+    plan = [(li, ri) for li in range(len(cfg.layers)) for ri in range(1 + len(cfg.specs))]  # ri 0: the layer's layout rows
+    owned = dict(zip(plan, part.owned([1.0] * len(plan)) if part is not None else [True] * len(plan)))
+    blocks: list[tuple[tuple[int, ...], list[SectionRow]]] = []
+    if not te_ok and (part is None or part.index == 1):
+        blocks.append(((0,), [SectionRow(id=f"te/real_grouped_linear/s{seed}", verdict="skip",
+                                         fields={"backend": "te", "check": "real GroupedLinear checks", "measured": te_why}, message=te_why)]))
     with tempfile.TemporaryDirectory(prefix="moe_sd_") as tmp:
-        for name, shape in cfg.layers:
+        for li, (name, shape) in enumerate(cfg.layers):
+            if not any(owned[(li, ri)] for ri in range(1 + len(cfg.specs))):
+                continue
             data = make_expert_data(shape, seed_for_id(f"{name}/{shape.id}", seed), dev)
-            base = dict(backend="twin", spec="any", shape=shape.id)
-            sink = RowSink(f"twin/any/{shape.id}", suite, seed, device, base)
-            layout_rows(shape, data, name, sink, tmp, dev)
-            backend_rows(sink, name)
-            rows += sink.rows
-            for wspec, ispec in cfg.specs:
+            if owned[(li, 0)]:
+                base = dict(backend="twin", spec="any", shape=shape.id)
+                sink = RowSink(f"twin/any/{shape.id}", suite, seed, device, base)
+                layout_rows(shape, data, name, sink, tmp, dev)
+                backend_rows(sink, name)
+                blocks.append(((1, li, 0), sink.rows))
+            for ri, (wspec, ispec) in enumerate(cfg.specs, start=1):
+                if not owned[(li, ri)]:
+                    continue
+                rows: list[SectionRow] = []
                 recipe = Recipe.uniform([name], wspec, ispec)
                 benches: dict[str, Bench] = {}
                 for backend in backends:
@@ -117,6 +132,7 @@ def run(suite: str, seed: int, device: str) -> Section:
                     sink = RowSink(f"te/{wspec.id}/{shape.id}", suite, seed, device, dict(backend="te", spec=wspec.id, shape=shape.id))
                     te_vs_twin_rows(benches["twin"], benches["te"], sink)
                     rows += sink.rows
+                blocks.append(((1, li, ri), rows))
     notes = (
         f"seed {seed}; grouped layer: twin" + (" and real transformer_engine GroupedLinear" if te_ok else f" only ({te_why})")
         + ". Experts that receive no calibration tokens keep input amax +0 (max over the empty set); fake quant then applies "
@@ -124,4 +140,4 @@ def run(suite: str, seed: int, device: str) -> Section:
         "such a quantizer unset and quantizes it dynamically. Per-expert opt-in is explicit per model; routing 'all_routed' sends "
         "tokens to experts that were empty during calibration."
     )
-    return Section(name="moe", title="MoE calibration semantics: grouped vs sequential experts", columns=COLUMNS, rows=rows, notes=notes)
+    return section_from_blocks("moe", "MoE calibration semantics: grouped vs sequential experts", COLUMNS, blocks, notes, part)

@@ -1,0 +1,29 @@
+"""One partition rule for every split of work into parts: the cases of a sharded run, the GPU groups
+of ``pytest -n G``, and the blocks of a report section split across shards.
+
+Longest processing time first: the items are taken by weight, largest first (ties by ``order``,
+default the item's index), and each goes to the part with the least weight so far (ties to the
+lowest part).  The result depends only on the weights and the order keys, so every process that
+computes it for the same items gets the same partition.  Its largest part exceeds the smallest by at
+most the largest weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+
+def balance(weights: Sequence[float], count: int, order: Optional[Sequence[Any]] = None) -> list[int]:
+    """The part (1-based, ``1..count``) of each item (see the module docstring)."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if order is not None and len(order) != len(weights):
+        raise ValueError(f"order has {len(order)} keys for {len(weights)} weights")
+    keys = order if order is not None else range(len(weights))
+    load = [0.0] * count
+    out = [0] * len(weights)
+    for k in sorted(range(len(weights)), key=lambda k: (-weights[k], keys[k])):
+        best = min(range(count), key=lambda s: (load[s], s))
+        load[best] += weights[k]
+        out[k] = best + 1
+    return out
