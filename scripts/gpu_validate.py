@@ -245,13 +245,24 @@ def _compare_with_full(data: dict) -> dict:
     vb = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in b["records"]}
     sa = {s["name"]: s["verdict"] for s in a["sections"]}
     sb = {s["name"]: s["verdict"] for s in b["sections"]}
+    ra = {s["name"]: [(r["id"], r["verdict"]) for r in s["rows"]] for s in a["sections"]}
+    rb = {s["name"]: [(r["id"], r["verdict"]) for r in s["rows"]] for s in b["sections"]}
     fw = json.loads((OUT / "nightly-full.json").read_text())["wall_s"]
+    timing = {"full": {"phase_s": a["meta"].get("phase_s"), "sections_s": {s["name"]: s.get("seconds") for s in a["sections"]}}}
+    for i in (1, 2):
+        shard = json.loads((OUT / f"nightly-shard{i}" / "report.json").read_text())
+        timing[f"shard{i}"] = {"phase_s": shard["meta"].get("phase_s"),
+                               "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds") for s in shard["sections"]}}
     data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
-                verdicts_equal=va == vb, section_verdicts_equal=sa == sb, unsharded_wall_s=fw,
+                verdicts_equal=va == vb, section_verdicts_equal=sa == sb, section_rows_equal=ra == rb,
+                section_rows={k: len(v) for k, v in ra.items()}, timing=timing, unsharded_wall_s=fw,
                 sharded_over_unsharded=round(data["wall_s"] / fw, 3),
                 differing=[k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)][:50])
     _say(f"nightly-shards: {data['wall_s']:.0f} s (shards {data['shard_wall_s']}) = {data['wall_s'] / fw:.0%} of the unsharded {fw} s; "
-         f"merge exit {data['merge_exit_code']}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}")
+         f"merge exit {data['merge_exit_code']}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}, "
+         f"section rows (id, verdict) equal: {ra == rb}")
+    for name, t in timing.items():
+        _say(f"  {name}: phases {t['phase_s']}; sections {t['sections_s']}")
     return data
 
 
@@ -299,7 +310,7 @@ def main(argv: list[str]) -> int:
         # itself): that is information; a compare that could not run (2) or unequal verdicts fail
         bad = (data.get("exit_code", 0) or any(data.get(k) for k in ("over_budget", "merge_exit_code"))
                or data.get("compare_exit_code") not in (None, 0, 1) or any(data.get("shard_exit_codes", []))
-               or data.get("verdicts_equal") is False or data.get("section_verdicts_equal") is False)
+               or any(data.get(k) is False for k in ("verdicts_equal", "section_verdicts_equal", "section_rows_equal")))
         rc = rc or (1 if bad else 0)
     return rc
 
