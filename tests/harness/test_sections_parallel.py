@@ -45,3 +45,18 @@ def test_section_processes_share_the_parents_threads(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert [s["rows"][0]["fields"]["threads"] for s in out] == [1, 1, 1, 1]
+
+
+def test_a_shard_gives_its_part_to_split_sections_in_their_processes_and_not_to_the_others(monkeypatch):
+    from moe_fq_parity.harness import sections
+    from moe_fq_parity.harness.sections import Part
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"split": "tests.harness.fake_sections:split", "ok": "tests.harness.fake_sections:passing",
+                                                      "crash": "tests.harness.fake_sections:dies"})
+    monkeypatch.setattr(sections, "SPLIT_SECTIONS", frozenset({"split", "crash"}))
+    for parallel in (True, False):
+        names = ["split", "ok", "crash"] if parallel else ["split", "ok"]
+        out = run_sections("smoke", 1, "cpu", names, parallel=parallel, part=Part(2, 3))
+        assert out[0]["part"] == {"index": 2, "count": 3, "blocks": [[[0], 1], [[1, 1], 2]]} and "part" not in out[1]
+        if parallel:  # a part whose process died is one fail row of that part, mergeable with the others
+            assert out[2]["part"]["index"] == 2 and out[2]["rows"][0]["id"] == "crash/part2of3" and out[2]["verdict"] == "fail"
