@@ -98,6 +98,13 @@ def _junit_counts(path: Path) -> dict:
     return {"passed": tests - failures - errors - skipped, "failed": failures, "errors": errors, "skipped": skipped}
 
 
+def _triton_cache_entries(path: str | None) -> int:
+    """Kernels in the Triton cache a phase starts with (timings of phases compare only at equal
+    cache states: compiling what a warm cache holds cost about 70 s of the slow tier on an H100)."""
+    root = Path(path) if path else Path.home() / ".triton" / "cache"
+    return sum(1 for _ in root.iterdir()) if root.is_dir() else 0
+
+
 def pytest_phase(phase: str, mark: str, xdist: str | None, *, cold_cache: bool = False) -> dict:
     """``pytest -m MARK [-n XDIST]`` over the whole tree; ``cold_cache``: with an empty Triton
     cache of its own (``TRITON_CACHE_DIR``), so phases whose times are compared each compile the
@@ -112,13 +119,15 @@ def pytest_phase(phase: str, mark: str, xdist: str | None, *, cold_cache: bool =
         cache = OUT / f"{phase}-triton-cache"
         shutil.rmtree(cache, ignore_errors=True)
         env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
-    _say(f"=== {phase}: {' '.join(cmd[1:])}" + (" (empty Triton cache)" if cold_cache else ""))
+    entries = _triton_cache_entries((env or os.environ).get("TRITON_CACHE_DIR"))
+    _say(f"=== {phase}: {' '.join(cmd[1:])}" + (" (empty Triton cache)" if cold_cache else f" (Triton cache: {entries} entries)"))
     rc, wall, tail = _run(cmd, OUT / f"{phase}.log", env)
     if cold_cache:
         shutil.rmtree(OUT / f"{phase}-triton-cache", ignore_errors=True)
     counts = _junit_counts(junit) if junit.exists() else {}
     oom = len(re.findall(r"OutOfMemoryError|out of memory", (OUT / f"{phase}.log").read_text(errors="replace")))
-    data = {"phase": phase, "command": " ".join(["pytest", *cmd[3:]]), "exit_code": rc, "wall_s": round(wall, 1), "cold_triton_cache": cold_cache, **counts,
+    data = {"phase": phase, "command": " ".join(["pytest", *cmd[3:]]), "exit_code": rc, "wall_s": round(wall, 1), "cold_triton_cache": cold_cache,
+            "triton_cache_entries_at_start": entries, **counts,
             "oom_mentions": oom, "devices": _devices(), "tail": tail}
     _say(f"{phase}: exit {rc}, {wall:.0f} s, {counts}, out-of-memory mentions {oom}")
     return data
