@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .schema import SCHEMA_VERSION
+from .schema import SCHEMA_VERSION, section_verdict
 
 _SAME = ("suite", "seed", "mode", "checks", "timeout_s")
 """``meta`` fields every shard must share (with the backends' specs, the shard count and the sections)."""
@@ -71,13 +71,6 @@ def _check_indices(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         raise MergeError(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: merge needs all {count} shards")
 
 
-def _verdict(rows: list[dict[str, Any]]) -> str:
-    """A section's verdict from its rows (as ``harness.sections.Section.verdict``)."""
-    if any(r["verdict"] == "fail" for r in rows):
-        return "fail"
-    return "skip" if rows and all(r["verdict"] == "skip" for r in rows) else "pass"
-
-
 def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One section from its parts (``{part index: (path, section JSON)}``; see the module docstring)."""
     count = items[0][1]["meta"]["shard"]["count"]
@@ -103,10 +96,11 @@ def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items:
             raise MergeError(f"{path}: shard {index}/{count} is complete but has no part of section {name}")
         rows.append({"id": f"{name}/part{index}of{count}", "verdict": "fail", "fields": {}, "repro": "",
                      "message": f"part {index}/{count} of section {name} is missing: shard {index}/{count} ({path}) did not finish"})
-    first = parts[min(parts)][1]
+    # title and columns from the first part that ran (a part that broke is a one-row section titled by its name)
+    first = next((sec for _, sec in (parts[i] for i in sorted(parts)) if sec.get("columns")), parts[min(parts)][1])
     notes = list(dict.fromkeys(sec.get("notes", "") for _, sec in (parts[i] for i in sorted(parts))))
     out = {k: v for k, v in first.items() if k not in ("part", "rows", "verdict", "notes", "seconds")}
-    out.update(rows=rows, notes=" | ".join(n for n in notes if n), verdict=_verdict(rows))
+    out.update(rows=rows, notes=" | ".join(n for n in notes if n), verdict=section_verdict(r["verdict"] for r in rows))
     seconds = [sec["seconds"] for _, sec in parts.values() if "seconds" in sec]
     if seconds:
         out["seconds"] = max(seconds)

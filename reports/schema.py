@@ -15,7 +15,7 @@ import json
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 SCHEMA_VERSION = "1.3"
 """1.1: check "invariant.recalibrate".  1.2: record ``outcome`` (``checked``/``oom``), ``peak_bytes``,
@@ -42,6 +42,15 @@ def hist_labels() -> list[str]:
     for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:] + (None,)):
         labels.append(f">={lo}" if hi is None else (str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}"))
     return labels
+
+
+def section_verdict(row_verdicts: Iterable[str]) -> str:
+    """A section's verdict from its rows' verdicts: ``fail`` when any row failed, ``skip`` when every
+    row (at least one) skipped, else ``pass``."""
+    verdicts = list(row_verdicts)
+    if "fail" in verdicts:
+        return "fail"
+    return "skip" if verdicts and all(v == "skip" for v in verdicts) else "pass"
 
 
 def overall_verdict(report: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-VERDICTS = ("pass", "fail", "skip")
+from moe_fq_parity.reports.schema import VERDICTS, section_verdict
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,7 @@ class Section:
 
     @property
     def verdict(self) -> str:
-        if any(r.verdict == "fail" for r in self.rows):
-            return "fail"
-        if self.rows and all(r.verdict == "skip" for r in self.rows):
-            return "skip"
-        return "pass"
+        return section_verdict(r.verdict for r in self.rows)
 
     def to_json(self) -> dict[str, Any]:
         d = {"name": self.name, "title": self.title, "columns": list(self.columns), "rows": [r.to_json(diffs=False) for r in self.rows],

@@ -51,7 +51,7 @@ def test_a_section_is_its_blocks_in_key_order_with_unique_keys():
         section_from_blocks("s", "t", [], [((0,), [row(0)]), ((0,), [row(1)])])
 
 
-def test_split_sections_run_in_every_shard_and_the_others_round_robin(monkeypatch):
+def test_split_sections_run_in_every_shard_and_the_others_round_robin():
     names = ["moe", "dist", "selftest", "external"]
     assert sections_of_shard(names, Shard(1, 2)) == ("moe", "dist", "selftest")
     assert sections_of_shard(names, Shard(2, 2)) == ("moe", "dist", "external")
@@ -118,10 +118,16 @@ def _parts(count: int) -> list[dict]:
 
 
 def test_merge_refuses_parts_that_are_not_one_split_and_names_a_part_lost_with_its_shard():
-    full = __import__("tests.harness.fake_sections", fromlist=["split"]).split("ci", 1, "cpu").to_json()
+    from tests.harness.fake_sections import split
+
+    full = split("ci", 1, "cpu").to_json()
     parts = _parts(2)
-    merged = merge_sections([_shard_item(2, 2, [parts[1]]), _shard_item(1, 2, [parts[0]])])
-    assert merged == [{k: v for k, v in full.items()}]
+    assert merge_sections([_shard_item(2, 2, [parts[1]]), _shard_item(1, 2, [parts[0]])]) == [full]
+    # part 1 broke (one row titled by the section's name): title and columns come from the part that ran
+    broke = sections._single("split", "fail", "raised RuntimeError", Part(1, 2)).to_json()
+    merged = merge_sections([_shard_item(1, 2, [broke]), _shard_item(2, 2, [parts[1]])])[0]
+    assert (merged["title"], merged["columns"]) == (full["title"], full["columns"]) and merged["rows"][0]["id"] == "split/part1of2"
+    assert merged["verdict"] == "fail"
     with pytest.raises(MergeError, match="complete but has no part of section split"):
         merge_sections([_shard_item(1, 2, [parts[0]]), _shard_item(2, 2, [])])
     lost = merge_sections([_shard_item(1, 2, [parts[0]]), _shard_item(2, 2, [], complete=False)])[0]
@@ -170,3 +176,26 @@ def test_the_dist_matrix_split_in_two_merges_into_the_unsplit_one(tmp_path, monk
     merged = merge_sections([_shard_item(i, 2, [p.to_json()]) for i, p in zip((1, 2), parts)])[0]
     assert len(full["rows"]) > 20 and full["verdict"] == "pass" and merged == full
     assert "<workdir>" in " ".join(r["message"] for r in full["rows"])  # no temporary path: two runs give the same rows
+
+
+def test_a_dist_part_other_than_1_still_reports_a_save_that_failed_there(tmp_path, monkeypatch):
+    """Part 1 alone keeps the save stage's rows; a save that failed only in part 2 would otherwise
+    lose its rows without a trace, so part 2 reports its failed save rows, prefixed."""
+    from dataclasses import replace
+
+    from moe_fq_parity.harness.sections.dist import matrix, section as dist
+    from moe_fq_parity.harness.sections.dist.checks import Verdict
+
+    def failing_save(plan, truth, workdir, out):
+        out.append(Verdict("save/tp1ep1", "fail", {"save": "tp1ep1"}, "save ranks failed: RankTimeout"))
+        out.append(Verdict("invariance/tp1ep2/nvfp4/static", "pass", {"save": "tp1ep2"}))
+        return []
+
+    monkeypatch.setattr(matrix, "_stage_save", failing_save)
+    monkeypatch.setattr(matrix, "_stage_load", lambda plan, layouts, *a: [[] for _ in layouts])
+    plan = replace(dist.plan_for("smoke", 3, "cpu"), qf_ids=("nvfp4/static",), bad_inputs=False)
+    keys_rows = matrix.run_plan_blocks(plan, str(tmp_path), Part(2, 2))
+    assert keys_rows[0] == ((0, 2), [replace(Verdict("save/tp1ep1", "fail", {"save": "tp1ep1"}, "save ranks failed: RankTimeout"),
+                                             id="part2of2/save/tp1ep1")])
+    assert [k for k, _ in keys_rows[1:]] == [(1, 2)]  # its load layout (tp2ep1), no passing save rows
+    assert [r.id for _, rows in matrix.run_plan_blocks(plan, str(tmp_path), Part(1, 2))[:1] for r in rows] == ["save/tp1ep1", "invariance/tp1ep2/nvfp4/static"]

@@ -50,3 +50,13 @@ def test_harness_takes_the_vocabulary_from_the_schema_module():
     from moe_fq_parity.reports import schema
 
     assert records.CHECKS is schema.CHECKS and records.VERDICTS is schema.VERDICTS and ulp.HIST_EDGES is schema.HIST_EDGES
+
+
+def test_one_section_verdict_rule_for_the_harness_and_merge():
+    from moe_fq_parity.harness.sections import Section, SectionRow
+    from moe_fq_parity.reports.schema import section_verdict
+
+    cases = {("pass", "skip"): "pass", ("skip", "skip"): "skip", ("skip", "fail", "pass"): "fail", (): "pass"}
+    for verdicts, want in cases.items():
+        assert section_verdict(verdicts) == want
+        assert Section("s", "t", [], [SectionRow(f"r{i}", v) for i, v in enumerate(verdicts)]).verdict == want
