@@ -25,6 +25,9 @@ Two-GPU phases:
                         then ``compare`` against the ``nightly-full`` report and a record-for-record
                         verdict comparison (when ``nightly-full`` ran before).
 * ``nightly-compare`` -- that comparison, for the order ``nightly-shards nightly-full nightly-compare``.
+* ``nightly-full-warm``, ``nightly-shards-warm``, ``nightly-compare-warm`` -- the same on the Triton
+  cache the first cold phase filled (kept as ``OUT/nightly-warm-triton-cache``): every kernel
+  compiled, so the walls compare the work itself.
   The unsharded run and the two shards start from empty Triton caches (the shards share one, as
   shards on one host do by default), so the wall times compare: on one warm cache the phase run
   first paid the compilation the other did not (two H100s: shards 137 s on an empty cache against
@@ -210,29 +213,57 @@ def _empty_cache(name: str) -> str:
     return str(path)
 
 
+WARM_CACHE = "nightly-warm-triton-cache"
+"""The Triton cache of the ``-warm`` nightly phases: what the cold ``nightly-shards`` compiled (every
+kernel of the suite, the shards' union), kept for them."""
+
+
+def _cache_for(name: str, warm: bool) -> str:
+    if not warm:
+        return _empty_cache(name)
+    path = OUT / WARM_CACHE
+    if not path.is_dir():
+        raise SystemExit(f"{name}: no warm cache at {path}; run nightly-shards (cold) first")
+    return str(path)
+
+
+def _retire_cache(path: str) -> None:
+    """Delete a cold run's cache, or keep it as the warm cache when there is none yet."""
+    warm = OUT / WARM_CACHE
+    if Path(path) != warm and not warm.exists():
+        shutil.move(path, warm)
+    elif Path(path) != warm:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _nightly_cmd(out: Path, *extra: str) -> list[str]:
     backends = [b for spec in (os.environ.get("BACKENDS") or "triton").split(",") for b in ("--backend", spec)]
     return [*CLI, "run", "--suite", "nightly", *backends, "--no-progress", "--out", str(out), *extra]
 
 
-def nightly_full() -> dict:
-    cmd = _nightly_cmd(OUT / "nightly-full")
-    _say(f"=== nightly-full (GPU 0): {' '.join(cmd)}")
-    rc, wall, tail = _run(cmd, OUT / "nightly-full.log", dict(os.environ, CUDA_VISIBLE_DEVICES="0", TRITON_CACHE_DIR=_empty_cache("nightly-full")))
-    shutil.rmtree(OUT / "nightly-full-triton-cache", ignore_errors=True)
-    _say(f"nightly-full: exit {rc}, {wall:.0f} s")
-    return {"phase": "nightly-full", "command": "CUDA_VISIBLE_DEVICES=0 " + " ".join(cmd), "exit_code": rc, "wall_s": round(wall, 1),
-            "devices": _devices(), "tail": tail}
+def nightly_full(tag: str = "") -> dict:
+    name = f"nightly-full{tag}"
+    cmd = _nightly_cmd(OUT / name)
+    cache = _cache_for(name, bool(tag))
+    entries = _triton_cache_entries(cache)
+    _say(f"=== {name} (GPU 0, Triton cache {entries} entries): {' '.join(cmd)}")
+    rc, wall, tail = _run(cmd, OUT / f"{name}.log", dict(os.environ, CUDA_VISIBLE_DEVICES="0", TRITON_CACHE_DIR=cache))
+    _retire_cache(cache)
+    _say(f"{name}: exit {rc}, {wall:.0f} s")
+    return {"phase": name, "command": "CUDA_VISIBLE_DEVICES=0 " + " ".join(cmd), "exit_code": rc, "wall_s": round(wall, 1),
+            "triton_cache_entries_at_start": entries, "devices": _devices(), "tail": tail}
 
 
-def nightly_shards() -> dict:
+def nightly_shards(tag: str = "") -> dict:
+    name = f"nightly-shards{tag}"
     procs, logs = [], []
-    cache = _empty_cache("nightly-shards")  # one host: the shards share the cache, as they do by default
+    cache = _cache_for(name, bool(tag))  # one host: the shards share the cache, as they do by default
+    entries = _triton_cache_entries(cache)
     start = time.monotonic()
     for i in (1, 2):
-        cmd = _nightly_cmd(OUT / f"nightly-shard{i}", "--shard", f"{i}/2")
-        _say(f"=== shard {i}/2 on GPU {i - 1}: {' '.join(cmd)}")
-        log = open(OUT / f"nightly-shard{i}.log", "w")
+        cmd = _nightly_cmd(OUT / f"nightly-shard{i}{tag}", "--shard", f"{i}/2")
+        _say(f"=== shard {i}/2 on GPU {i - 1} (Triton cache {entries} entries): {' '.join(cmd)}")
+        log = open(OUT / f"nightly-shard{i}{tag}.log", "w")
         logs.append(log)
         procs.append((subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i - 1), TRITON_CACHE_DIR=cache)), time.monotonic()))
@@ -242,27 +273,27 @@ def nightly_shards() -> dict:
         walls.append(round(time.monotonic() - t0, 1))
     for log in logs:
         log.close()
-    shutil.rmtree(cache, ignore_errors=True)
+    _retire_cache(cache)
     wall = time.monotonic() - start
-    merge = [*CLI, "merge", str(OUT / "nightly-shard1" / "report.json"), str(OUT / "nightly-shard2" / "report.json"),
-             "--out", str(OUT / "nightly-merged")]
-    merge_rc, _, merge_tail = _run(merge, OUT / "nightly-merge.log")
-    data = {"phase": "nightly-shards", "shard_exit_codes": rcs, "shard_wall_s": walls, "wall_s": round(wall, 1), "merge_exit_code": merge_rc,
-            "merge_tail": merge_tail, "devices": _devices()}
-    if (OUT / "nightly-full.json").exists():
-        _compare_with_full(data)
+    merge = [*CLI, "merge", str(OUT / f"nightly-shard1{tag}" / "report.json"), str(OUT / f"nightly-shard2{tag}" / "report.json"),
+             "--out", str(OUT / f"nightly-merged{tag}")]
+    merge_rc, _, merge_tail = _run(merge, OUT / f"nightly-merge{tag}.log")
+    data = {"phase": name, "shard_exit_codes": rcs, "shard_wall_s": walls, "wall_s": round(wall, 1), "merge_exit_code": merge_rc,
+            "merge_tail": merge_tail, "triton_cache_entries_at_start": entries, "devices": _devices()}
+    if (OUT / f"nightly-full{tag}.json").exists():
+        _compare_with_full(data, tag)
     else:
-        _say(f"nightly-shards: {wall:.0f} s (shards {walls}); merge exit {merge_rc}; run nightly-full, then nightly-compare")
+        _say(f"{name}: {wall:.0f} s (shards {walls}); merge exit {merge_rc}; run nightly-full{tag}, then nightly-compare{tag}")
     return data
 
 
-def _compare_with_full(data: dict) -> dict:
+def _compare_with_full(data: dict, tag: str = "") -> dict:
     """Add to ``data`` (the nightly-shards numbers) the comparison of the merged report with the
     nightly-full one: ``compare``'s exit code, record-for-record verdicts, section verdicts and the
     sharded wall time over the unsharded one."""
-    full = OUT / "nightly-full" / "report.json"
-    merged = OUT / "nightly-merged" / "report.json"
-    cmp_rc, _, cmp_tail = _run([*CLI, "compare", str(full), str(merged)], OUT / "nightly-compare.log")
+    full = OUT / f"nightly-full{tag}" / "report.json"
+    merged = OUT / f"nightly-merged{tag}" / "report.json"
+    cmp_rc, _, cmp_tail = _run([*CLI, "compare", str(full), str(merged)], OUT / f"nightly-compare{tag}.log")
     a, b = json.loads(full.read_text()), json.loads(merged.read_text())
     va = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in a["records"]}
     vb = {r["key"]: (r["verdict"], r.get("outcome", "checked")) for r in b["records"]}
@@ -270,10 +301,10 @@ def _compare_with_full(data: dict) -> dict:
     sb = {s["name"]: s["verdict"] for s in b["sections"]}
     ra = {s["name"]: [(r["id"], r["verdict"]) for r in s["rows"]] for s in a["sections"]}
     rb = {s["name"]: [(r["id"], r["verdict"]) for r in s["rows"]] for s in b["sections"]}
-    fw = json.loads((OUT / "nightly-full.json").read_text())["wall_s"]
+    fw = json.loads((OUT / f"nightly-full{tag}.json").read_text())["wall_s"]
     timing = {"full": {"phase_s": a["meta"].get("phase_s"), "sections_s": {s["name"]: s.get("seconds") for s in a["sections"]}}}
     for i in (1, 2):
-        shard = json.loads((OUT / f"nightly-shard{i}" / "report.json").read_text())
+        shard = json.loads((OUT / f"nightly-shard{i}{tag}" / "report.json").read_text())
         timing[f"shard{i}"] = {"phase_s": shard["meta"].get("phase_s"),
                                "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds") for s in shard["sections"]}}
     data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
@@ -281,7 +312,7 @@ def _compare_with_full(data: dict) -> dict:
                 section_rows={k: len(v) for k, v in ra.items()}, timing=timing, unsharded_wall_s=fw,
                 sharded_over_unsharded=round(data["wall_s"] / fw, 3),
                 differing=[k for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)][:50])
-    _say(f"nightly-shards: {data['wall_s']:.0f} s (shards {data['shard_wall_s']}) = {data['wall_s'] / fw:.0%} of the unsharded {fw} s; "
+    _say(f"nightly-shards{tag}: {data['wall_s']:.0f} s (shards {data['shard_wall_s']}) = {data['wall_s'] / fw:.0%} of the unsharded {fw} s; "
          f"merge exit {data['merge_exit_code']}; compare exit {cmp_rc}; verdicts equal: {va == vb}, sections equal: {sa == sb}, "
          f"section rows (id, verdict) equal: {ra == rb}")
     for name, t in timing.items():
@@ -289,10 +320,10 @@ def _compare_with_full(data: dict) -> dict:
     return data
 
 
-def nightly_compare() -> dict:
+def nightly_compare(tag: str = "") -> dict:
     """The shards-vs-full comparison when ``nightly-shards`` ran first (so the unsharded run is not
     the only one to find Triton's compilation cache warm)."""
-    return _compare_with_full(json.loads((OUT / "nightly-shards.json").read_text()))
+    return _compare_with_full(json.loads((OUT / f"nightly-shards{tag}.json").read_text()), tag)
 
 
 PHASES = {
@@ -310,6 +341,9 @@ PHASES = {
     "nightly-full": nightly_full,
     "nightly-shards": nightly_shards,
     "nightly-compare": nightly_compare,
+    "nightly-full-warm": lambda: nightly_full("-warm"),
+    "nightly-shards-warm": lambda: nightly_shards("-warm"),
+    "nightly-compare-warm": lambda: nightly_compare("-warm"),
 }
 
 
