@@ -78,6 +78,57 @@ class FakeQuantExpertsFn(torch.autograd.Function):
 
 
 
+class FakeQuantStackedFn(torch.autograd.Function):
+    """``apply(amax, fmt, options, ste_mode, use_kernel, check, weight) -> fake-quantized weight``
+    for one stacked ``[N, out, in]`` weight (``amax`` ``[N]`` or ``[N, out]``): one launch forward,
+    none (pass-through) or one (clipped) backward, one autograd input whatever N is."""
+
+    @staticmethod
+    def forward(ctx, amax, fmt, options, ste_mode, use_kernel, check, weight):  # type: ignore[override]
+        ctx.ste_mode = ste_mode
+        ctx.use_kernel = use_kernel
+        if ste_mode == "clipped":
+            ctx.save_for_backward(amax, weight)
+        if use_kernel:
+            from .api import fake_quant
+
+            return fake_quant(weight, amax, fmt, check_values=check, **options)
+        return _reference().fake_quant(weight, amax, fmt, **options)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        head = (None,) * 6
+        if ctx.ste_mode == "pass_through" or grad is None:
+            return head + (grad,)
+        amax, weight = ctx.saved_tensors
+        if ctx.use_kernel:
+            from .api import ste_backward
+
+            return head + (ste_backward(weight, amax, grad.contiguous(), "clipped"),)
+        rows = _reference().ste_backward_experts(list(weight.unbind(0)), amax, list(grad.unbind(0)), "clipped")
+        return head + (torch.stack(rows) if rows else torch.zeros_like(grad),)
+
+
+def fake_quant_stacked_ste(
+    weight: torch.Tensor,
+    amax: torch.Tensor,
+    fmt: str,
+    *,
+    ste_mode: str = "pass_through",
+    use_kernel: bool = True,
+    check_values: bool | str = True,
+    **options,
+) -> torch.Tensor:
+    """Differentiable fake quant of one stacked ``[N, out, in]`` weight (``amax`` ``[N]`` or
+    ``[N, out]``, fp32); the same bits as ``fake_quant_experts_ste`` on its rows.  Arguments as there."""
+    if ste_mode not in STE_MODES:
+        raise ValueError(f"ste_mode must be one of {STE_MODES}, got {ste_mode!r}")
+    check = checks.check_mode(check_values)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+        raise TypeError(f"weight must be one [N, out, in] tensor, got {type(weight).__name__}{tuple(getattr(weight, 'shape', ()))}")
+    return FakeQuantStackedFn.apply(amax, fmt, dict(options), ste_mode, use_kernel, check, weight)
+
+
 def fake_quant_experts_ste(
     weights: Sequence[torch.Tensor],
     amax: torch.Tensor,

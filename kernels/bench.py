@@ -23,7 +23,8 @@ matched the reference bit for bit (experts 0 and N-1) are timed.
 ``--host-calls K`` (default 1000) adds the host-cost distribution over K calls each of the
 functional forward (checked and unchecked), the clipped backward, the same two on one stacked
 ``[N, out, in]`` tensor (``fake_quant``, ``ste_backward``), and ``QuantGroupedLinear``'s
-fake-quant forward (``quantized_weights()``) and backward (clipped STE), plus the whole layer
+fake-quant forward (``quantized_weights()``) and backward (clipped STE), the same for the layer with
+one stacked weight (``stacked=True``: ``quantized_weight()``), plus the whole layer
 (with its N per-expert GEMMs) for scale, against the bound 40 us + 0.5 us per expert, and
 PyTorch's own floor for list-in/list-out calls (``host_floor_rows``: N output views, the N-expert
 table key, autograd through an N-input no-op node).
@@ -465,6 +466,8 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
         with torch.no_grad():
             for q, a in zip(layer.weight_quantizer, amax):
                 q._amax.fill_(float(a))
+        slayer = QuantGroupedLinear(n, shape[1], shape[0], "fp8_e4m3", device="cuda", ste_mode="clipped", stacked=True)
+        slayer.load_state_dict(layer.state_dict())
         splits = [4] * n
         x = torch.randn(4 * n, shape[1], device="cuda", dtype=torch.bfloat16, requires_grad=True)
         gy = torch.randn(4 * n, shape[0], device="cuda", dtype=torch.bfloat16)
@@ -484,6 +487,14 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
                 w.grad = None
             layer(x, splits).backward(gy)
 
+        def stacked_fwd():
+            state["swq"] = slayer.quantized_weight()
+
+        def stacked_bwd():
+            if "swq" not in state:
+                stacked_fwd()
+            torch.autograd.backward(state.pop("swq"), gstacked)
+
         entries = {
             "fake_quant_experts (checked)": lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3"),
             "fake_quant_experts (unchecked)": lambda: api.fake_quant_experts(ws, amax, "fp8_e4m3", check_values=False),
@@ -501,6 +512,15 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
 
         samples = host_samples_us(module_bwd, calls, before=fresh_forward)
         rows.append({"entry": "QuantGroupedLinear fq backward", "n": n, "bound_us": host_bound_us(n), **_stats(samples)})
+        rows.append({"entry": "QuantGroupedLinear(stacked=True) fq forward", "n": n, "bound_us": host_bound_us(n),
+                     **_stats(host_samples_us(stacked_fwd, calls))})
+
+        def fresh_stacked_forward() -> None:
+            stacked_fwd()
+            slayer.weight.grad = None
+
+        samples = host_samples_us(stacked_bwd, calls, before=fresh_stacked_forward)
+        rows.append({"entry": "QuantGroupedLinear(stacked=True) fq backward", "n": n, "bound_us": host_bound_us(n), **_stats(samples)})
         rows.append({"entry": "QuantGroupedLinear layer fwd+bwd (incl. N GEMMs)", "n": n, "bound_us": None,
                      **_stats(host_samples_us(layer_step, max(50, calls // 10)))})  # fmt: skip
         rows += host_floor_rows(layer.weights(), grads, calls, torch.cuda.synchronize)
@@ -511,7 +531,7 @@ def host_distribution(calls: int, counts=EXPERT_COUNTS, shape: tuple[int, int] =
         floor = {r["entry"]: r["median"] for r in rows[-len(FLOOR_ENTRIES):]}
         print(f"  host N={n:3d}: floor of a list-out call (views + key) {floor[FLOOR_ENTRIES[0]] + floor[FLOOR_ENTRIES[1]]:7.1f} us"
               f" vs bound {host_bound_us(n):6.1f} us", flush=True)  # fmt: skip
-        del ws, grads, layer, stacked, gstacked
+        del ws, grads, layer, slayer, stacked, gstacked
         torch.cuda.empty_cache()
     from . import checks
 

@@ -24,6 +24,14 @@ int8, fp8_e4m3 per channel and nvfp4 with bias and ragged splits).  Host time of
 forward (``quantized_weights()``, checks on) on an H100 host: 85 µs median at N=4, 192 µs at N=32,
 461 µs at N=128; its backward is dominated by the autograd engine (``docs/kernels_performance.md``).
 
+Stacked weights (``stacked=True``).  One parameter ``weight`` ``[N, out, in]`` (and ``bias``
+``[N, out]``) instead of N: the fake quant is one stacked call (``kernels.fake_quant``, one autograd
+node with one input), so its host cost does not grow with N the way a list's does (N output views,
+N table keys and an N-input autograd node cost more than 40 µs + 0.5 µs per expert from N = 64 on;
+``docs/kernels_performance.md``).  The state dict keeps the per-expert keys ``weight{i}`` /
+``bias{i}`` (views of the rows), and ``load_state_dict`` takes them (or the stacked key), so either
+layout loads the other's checkpoints.  Same bits as the list layout.
+
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.
 """
@@ -39,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checks, env
-from .autograd import fake_quant_experts_ste
+from .autograd import fake_quant_experts_ste, fake_quant_stacked_ste
 from .formats import format_spec, parse_spec
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -63,6 +71,7 @@ class QuantGroupedLinear(nn.Module):
     * ``ste_mode``: ``pass_through`` (default) or ``clipped``.
     * ``backend``: ``auto`` (kernel unless calibrating or unsupported), ``kernel`` or ``reference``.
     * ``check_values``: the kernel's value checks (``True``: asynchronous, ``"sync"``, ``False``).
+    * ``stacked``: one ``[N, out, in]`` parameter instead of N (see the module docstring).
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class QuantGroupedLinear(nn.Module):
         ste_mode: str = "pass_through",
         backend: str = "auto",
         check_values: bool | str = True,
+        stacked: bool = False,
         **options,
     ) -> None:
         super().__init__()
@@ -89,8 +99,13 @@ class QuantGroupedLinear(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.fmt, self.options, self.ste_mode, self.backend = fmt, dict(options), ste_mode, backend
-        self.per_channel = per_channel
-        for i in range(num_gemms):
+        self.per_channel, self.stacked = per_channel, stacked
+        if stacked:
+            w = torch.empty(num_gemms, out_features, in_features, dtype=params_dtype, device=device)
+            self.weight = nn.Parameter(nn.init.normal_(w, 0.0, 0.023))
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(num_gemms, out_features, dtype=params_dtype, device=device))
+        for i in range(0 if stacked else num_gemms):
             w = torch.empty(out_features, in_features, dtype=params_dtype, device=device)
             self.register_parameter(f"weight{i}", nn.Parameter(nn.init.normal_(w, 0.0, 0.023)))
             if bias:
@@ -109,8 +124,54 @@ class QuantGroupedLinear(nn.Module):
 
     # ---- experts -------------------------------------------------------------------------
     def weights(self) -> list[torch.Tensor]:
+        """The N expert weights ``[out, in]`` (with ``stacked``: views of the rows of ``weight``)."""
+        if self.stacked:
+            return list(self.weight.unbind(0))
         p = self._parameters
         return [p[k] for k in self._wnames]
+
+    def biases(self) -> list[torch.Tensor]:
+        """The N expert biases ``[out]`` (``[]`` without bias)."""
+        if not self.use_bias:
+            return []
+        if self.stacked:
+            return list(self.bias.unbind(0))
+        p = self._parameters
+        return [p[k] for k in self._bnames]
+
+    def _device(self) -> torch.device:
+        return self.weight.device if self.stacked else self.weight0.device
+
+    # ---- state dict: per-expert keys in both layouts -------------------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.stacked:
+            for name in ("weight", "bias"):
+                t = destination.pop(prefix + name, None)
+                for i, row in enumerate(() if t is None else t.unbind(0)):
+                    destination[f"{prefix}{name}{i}"] = row
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[override]
+        """With ``stacked``: ``weight{i}`` / ``bias{i}`` are stacked into ``weight`` / ``bias``
+        (a key left out keeps the current row, and is reported missing)."""
+        if self.stacked:
+            for name in ("weight", "bias") if self.use_bias else ("weight",):
+                keys = [f"{prefix}{name}{i}" for i in range(self.num_gemms)]
+                if prefix + name in state_dict or not any(k in state_dict for k in keys):
+                    continue
+                current = getattr(self, name).detach()
+                rows = []
+                for i, k in enumerate(keys):
+                    if k in state_dict:
+                        rows.append(state_dict.pop(k))
+                    else:
+                        missing_keys.append(k)
+                        rows.append(current[i])
+                try:
+                    state_dict[prefix + name] = torch.stack([r.to(current.device) for r in rows])
+                except RuntimeError as exc:
+                    error_msgs.append(f"{name}0..{name}{self.num_gemms - 1} do not stack into {prefix}{name} {tuple(current.shape)}: {exc}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def amax_buffers(self) -> list[torch.Tensor]:
         return [q._buffers["_amax"] for q in self.weight_quantizer._modules.values()]
@@ -133,7 +194,7 @@ class QuantGroupedLinear(nn.Module):
         """The experts' amax as one fp32 ``[N]`` / ``[N, out]`` tensor (cached; see the module docstring)."""
         bufs = self.amax_buffers()
         if not self._aliased(bufs):
-            device = self.weight0.device if self.num_gemms else torch.device("cpu")
+            device = self._device() if self.num_gemms else torch.device("cpu")
             vec = torch.stack([b.detach().to(device=device, dtype=torch.float32) for b in bufs]) if bufs else torch.zeros(0)
             for q, row in zip(self.weight_quantizer, vec):
                 q._amax = row
@@ -169,10 +230,12 @@ class QuantGroupedLinear(nn.Module):
             return False
         if self.backend == "kernel":
             return True
-        return self.num_gemms > 0 and env.kernel_supported(self.weight0.device)
+        return self.num_gemms > 0 and env.kernel_supported(self._device())
 
     def quantized_weights(self) -> list[torch.Tensor]:
         """The N fake-quantized weights, differentiable through the straight-through estimator."""
+        if self.stacked:
+            return list(self.quantized_weight().unbind(0)) if self.num_gemms else []
         if self._calibrating:
             self._observe_weights()
         ws = self.weights()
@@ -181,15 +244,26 @@ class QuantGroupedLinear(nn.Module):
             ws, amax, self.fmt, ste_mode=self.ste_mode, use_kernel=self.use_kernel(), check_values=self.check_values, **self.options
         )
 
+    def quantized_weight(self) -> torch.Tensor:
+        """With ``stacked``: the fake-quantized ``[N, out, in]`` weight, differentiable through the
+        straight-through estimator (one autograd node, one launch)."""
+        if not self.stacked:
+            raise AttributeError("quantized_weight() is the stacked layer's; this layer has N weights: use quantized_weights()")
+        if self._calibrating:
+            self._observe_weights()
+        return fake_quant_stacked_ste(self.weight, self.amax_vector(), self.fmt, ste_mode=self.ste_mode, use_kernel=self.use_kernel(),
+                                      check_values=self.check_values, **self.options)
+
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
         """``inp`` ``[T, in]`` split by ``m_splits`` (N non-negative ints summing to T) -> ``[T, out]``."""
         if len(m_splits) != self.num_gemms or sum(m_splits) != inp.shape[0] or min(m_splits, default=0) < 0:
             raise ValueError(f"m_splits {list(m_splits)} does not split {inp.shape[0]} rows over {self.num_gemms} experts")
-        wq = self.quantized_weights()
+        # unbind: one autograd node whose backward stacks the N gradients (indexing row by row
+        # would give each row's backward a zero-filled [N, out, in] tensor)
+        wq = self.quantized_weight().unbind(0) if self.stacked and self.num_gemms else self.quantized_weights()
         xs = inp.split(list(m_splits))
         if self.use_bias:
-            p = self._parameters
-            ys = [F.linear(x, w, p[b]) for x, w, b in zip(xs, wq, self._bnames)]
+            ys = [F.linear(x, w, b) for x, w, b in zip(xs, wq, self.biases())]
         else:
             ys = [F.linear(x, w) for x, w in zip(xs, wq)]
         return torch.cat(ys) if ys else inp.new_zeros(0, self.out_features)

@@ -115,14 +115,16 @@ def _graph_capture(step, warmup: int = 3) -> torch.cuda.CUDAGraph:
     return graph
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["list", "stacked"])
 @pytest.mark.parametrize("fmt,per_channel", [("int8", False), ("fp8_e4m3", True), ("nvfp4", False)])
-def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool) -> None:
-    """QuantGroupedLinear forward + clipped backward captured in one CUDA graph, and the functional
-    call with a cached table: replays (after the inputs and amax change in place) give the same bits
-    as eager calls on the same values."""
+def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool, stacked: bool) -> None:
+    """QuantGroupedLinear forward + clipped backward captured in one CUDA graph (N weights, or one
+    stacked weight), and the functional call with a cached table: replays (after the inputs and amax
+    change in place) give the same bits as eager calls on the same values."""
     torch.manual_seed(0)
     n, din, dout = 4, 256, 96
-    layer = kernels.QuantGroupedLinear(n, din, dout, fmt, device="cuda", ste_mode="clipped", per_channel=per_channel, bias=True)
+    layer = kernels.QuantGroupedLinear(n, din, dout, fmt, device="cuda", ste_mode="clipped", per_channel=per_channel, bias=True, stacked=stacked)
+    params = [layer.weight] if stacked else layer.weights()
     with torch.no_grad():
         for q, w in zip(layer.weight_quantizer, layer.weights()):
             q._amax.copy_(w.float().abs().amax(dim=-1 if per_channel else None) * 0.8)
@@ -133,13 +135,13 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(fmt: str, per_channel: bool
 
     def step() -> None:
         x.grad = None
-        for w in layer.weights():
+        for w in params:
             w.grad = None
         y = layer(x, splits)
         y.backward(gy)
         static["y"] = y
         static["gx"] = x.grad
-        for i, w in enumerate(layer.weights()):
+        for i, w in enumerate(params):
             static[f"gw{i}"] = w.grad
 
     ws = [w.detach() for w in layer.weights()]

@@ -1,4 +1,6 @@
-"""Module adapter: cached amax vector that cannot go stale, soft gate with identical bits, calibration."""
+"""Module adapter: cached amax vector that cannot go stale, soft gate with identical bits, calibration;
+every test for both weight layouts (N parameters, or one stacked ``[N, out, in]``), and the two
+layouts give the same bits and load each other's state dicts."""
 
 from __future__ import annotations
 
@@ -14,9 +16,14 @@ from .bitcheck import assert_same_bits
 N, IN, OUT = 3, 40, 6
 
 
-def _layer(device: str, fmt: str = "int8", **kw) -> kernels.QuantGroupedLinear:
+@pytest.fixture(params=[False, True], ids=["list", "stacked"])
+def stacked(request: pytest.FixtureRequest) -> bool:
+    return request.param
+
+
+def _layer(device: str, fmt: str = "int8", stacked: bool = False, **kw) -> kernels.QuantGroupedLinear:
     torch.manual_seed(0)
-    layer = kernels.QuantGroupedLinear(N, IN, OUT, fmt, device=device, **kw)
+    layer = kernels.QuantGroupedLinear(N, IN, OUT, fmt, device=device, stacked=stacked, **kw)
     with torch.no_grad():
         for i, q in enumerate(layer.weight_quantizer):
             q._amax.fill_(0.02 * (i + 1))
@@ -27,20 +34,20 @@ def _want(layer: kernels.QuantGroupedLinear, amax: torch.Tensor) -> list[torch.T
     return reference.fake_quant_experts([w.detach() for w in layer.weights()], amax, layer.fmt, **layer.options)
 
 
-def test_forward_is_grouped_linear_of_reference_weights(device: str) -> None:
-    layer = _layer(device, bias=True)
+def test_forward_is_grouped_linear_of_reference_weights(device: str, stacked: bool) -> None:
+    layer = _layer(device, bias=True, stacked=stacked)
     x = torch.randn(7, IN).to(torch.bfloat16).to(device)
     splits = [3, 0, 4]
     wq = _want(layer, layer.amax_vector())
-    want = torch.cat([F.linear(xi, w, getattr(layer, f"bias{i}")) for i, (xi, w) in enumerate(zip(x.split(splits), wq))])
+    want = torch.cat([F.linear(xi, w, b) for xi, w, b in zip(x.split(splits), wq, layer.biases())])
     assert_same_bits([layer(x, splits).detach()], [want.detach()], case="grouped_linear")
     with pytest.raises(ValueError, match="m_splits"):
         layer(x, [3, 3])
 
 
 @pytest.mark.parametrize("fmt,per_channel", [("fp8_e4m3", False), ("int4", True), ("nvfp4", False)])
-def test_soft_gate_gives_the_same_bits(fmt: str, per_channel: bool, device: str) -> None:
-    layer = _layer(device, fmt, per_channel=per_channel)
+def test_soft_gate_gives_the_same_bits(fmt: str, per_channel: bool, device: str, stacked: bool) -> None:
+    layer = _layer(device, fmt, per_channel=per_channel, stacked=stacked)
     assert layer.use_kernel()
     k = layer.quantized_weights()
     layer.backend = "reference"
@@ -50,8 +57,8 @@ def test_soft_gate_gives_the_same_bits(fmt: str, per_channel: bool, device: str)
     assert_same_bits(k, _want(layer, layer.amax_vector()), case=fmt)
 
 
-def test_amax_vector_is_cached_and_aliased_by_the_buffers(device: str) -> None:
-    layer = _layer(device)
+def test_amax_vector_is_cached_and_aliased_by_the_buffers(device: str, stacked: bool) -> None:
+    layer = _layer(device, stacked=stacked)
     vec = layer.amax_vector()
     assert layer.amax_vector() is vec
     assert all(b.data_ptr() == vec[i].data_ptr() for i, b in enumerate(layer.amax_buffers()))
@@ -59,12 +66,12 @@ def test_amax_vector_is_cached_and_aliased_by_the_buffers(device: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["load_state_dict", "copy_", "data_copy_", "replace_buffer", "half"])
-def test_a_stale_amax_cannot_survive(how: str, device: str) -> None:
-    layer = _layer(device)
+def test_a_stale_amax_cannot_survive(how: str, device: str, stacked: bool) -> None:
+    layer = _layer(device, stacked=stacked)
     before = layer.quantized_weights()  # builds and uses the cache
     new = torch.tensor([0.5, 0.003, 0.07], device=device)
     if how == "load_state_dict":
-        other = _layer(device)
+        other = _layer(device, stacked=stacked)
         with torch.no_grad():
             for q, v in zip(other.weight_quantizer, new):
                 q._amax.fill_(v)
@@ -92,8 +99,8 @@ def test_a_stale_amax_cannot_survive(how: str, device: str) -> None:
     assert changed, "the new amax must change the quantized weights (else the test proves nothing)"
 
 
-def test_a_bad_amax_written_later_is_caught(device: str) -> None:
-    layer = _layer(device)
+def test_a_bad_amax_written_later_is_caught(device: str, stacked: bool) -> None:
+    layer = _layer(device, stacked=stacked)
     layer.quantized_weights()
     with torch.no_grad():
         layer.weight_quantizer[2]._amax.fill_(float("nan"))
@@ -105,8 +112,8 @@ def test_a_bad_amax_written_later_is_caught(device: str) -> None:
         layer.quantized_weights()
 
 
-def test_calibration_uses_the_reference_then_the_kernel_agrees(device: str) -> None:
-    layer = _layer(device)
+def test_calibration_uses_the_reference_then_the_kernel_agrees(device: str, stacked: bool) -> None:
+    layer = _layer(device, stacked=stacked)
     with torch.no_grad():
         for q in layer.weight_quantizer:
             q._amax.zero_()
@@ -128,3 +135,62 @@ def test_layer_validation_and_empty_layer(device: str) -> None:
         kernels.QuantGroupedLinear(2, 16, 4, "int8", backend="cuda", device=device)
     empty = kernels.QuantGroupedLinear(0, 16, 4, "int8", device=device)
     assert empty(torch.zeros(0, 16, dtype=torch.bfloat16, device=device), []).shape == (0, 4)
+
+
+@pytest.mark.parametrize("fmt,per_channel,ste_mode", [("int8", False, "clipped"), ("fp8_e4m3", True, "clipped"), ("nvfp4", False, "pass_through")])
+def test_stacked_layer_gives_the_list_layers_bits_forward_and_backward(fmt: str, per_channel: bool, ste_mode: str, device: str) -> None:
+    lst = _layer(device, fmt, per_channel=per_channel, ste_mode=ste_mode, bias=True)
+    stk = _layer(device, fmt, per_channel=per_channel, ste_mode=ste_mode, bias=True, stacked=True)
+    assert stk.load_state_dict(lst.state_dict()) is not None
+    x = torch.randn(9, IN, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(device)
+    gy = torch.randn(9, OUT, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(device)
+    splits = [4, 0, 5]
+    ys = [layer(x, splits) for layer in (lst, stk)]
+    assert_same_bits([ys[0].detach()], [ys[1].detach()], case=f"{fmt}/stacked_forward")
+    for y in ys:
+        y.backward(gy)
+    assert_same_bits([w.grad for w in lst.weights()], list(stk.weight.grad.unbind(0)), case=f"{fmt}/stacked_weight_grad")
+    assert_same_bits([b.grad for b in lst.biases()], list(stk.bias.grad.unbind(0)), case=f"{fmt}/stacked_bias_grad")
+    if ste_mode == "clipped":  # the clipped backward must have zeroed something, else it proved nothing
+        assert any(bool((w.grad == 0).any() & (gy != 0).any()) for w in lst.weights())
+
+
+def test_stacked_state_dict_keeps_the_per_expert_keys_both_ways(device: str) -> None:
+    lst, stk = _layer(device, bias=True), _layer(device, bias=True, stacked=True)
+    assert sorted(stk.state_dict()) == sorted(lst.state_dict())
+    with torch.no_grad():
+        stk.weight.mul_(2)
+        stk.weight_quantizer[1]._amax.fill_(0.5)
+    before = lst.quantized_weights()
+    lst.load_state_dict(stk.state_dict())
+    assert_same_bits(lst.weights(), list(stk.weight.unbind(0)), case="stacked->list")
+    assert_same_bits(lst.quantized_weights(), stk.quantized_weights(), case="stacked->list/fq")
+    assert any(not torch.equal(a, b) for a, b in zip(before, lst.quantized_weights()))
+    back = _layer(device, bias=True, stacked=True)
+    back.load_state_dict(lst.state_dict())
+    assert_same_bits([back.weight.detach()], [stk.weight.detach()], case="list->stacked")
+
+
+def test_stacked_partial_load_reports_the_missing_expert(device: str) -> None:
+    stk = _layer(device, stacked=True)
+    sd = _layer(device).state_dict()
+    sd["weight0"] = torch.full_like(sd["weight0"], 0.25)
+    del sd["weight2"]
+    kept = stk.weight[2].detach().clone()
+    with pytest.raises(RuntimeError, match="Missing key.*weight2"):
+        stk.load_state_dict(sd)
+    result = stk.load_state_dict(sd, strict=False)
+    assert result.missing_keys == ["weight2"] and not result.unexpected_keys
+    assert bool((stk.weight[0] == 0.25).all()) and torch.equal(stk.weight[2], kept)
+    bad = dict(sd, weight1=torch.zeros(OUT + 1, IN), weight2=torch.zeros(OUT, IN))
+    with pytest.raises(RuntimeError, match="do not stack into weight"):
+        stk.load_state_dict(bad)
+
+
+def test_quantized_weight_is_the_stacked_layers(device: str) -> None:
+    stk = _layer(device, stacked=True)
+    wq = stk.quantized_weight()
+    assert wq.shape == (N, OUT, IN)
+    assert_same_bits(list(wq.unbind(0)), _want(stk, stk.amax_vector()), case="quantized_weight")
+    with pytest.raises(AttributeError, match="quantized_weights"):
+        _layer(device).quantized_weight()
