@@ -214,25 +214,29 @@ def _empty_cache(name: str) -> str:
 
 
 WARM_CACHE = "nightly-warm-triton-cache"
-"""The Triton cache of the ``-warm`` nightly phases: what the cold ``nightly-shards`` compiled (every
-kernel of the suite, the shards' union), kept for them."""
+"""The Triton cache of the ``-warm`` nightly phases: the one the first cold nightly phase filled (the
+cold shards: every kernel of the suite, their union), kept in place for them.  Never moved: Triton's
+cache records its files by absolute path, so a moved cache misses (a full run on a moved cache
+recompiled, 80 s of its 216 s)."""
 
 
 def _cache_for(name: str, warm: bool) -> str:
-    if not warm:
-        return _empty_cache(name)
+    """An empty cache of the run's own for a cold run (the warm cache itself while none exists yet,
+    so the first cold run fills it); the warm cache for a warm run."""
     path = OUT / WARM_CACHE
-    if not path.is_dir():
-        raise SystemExit(f"{name}: no warm cache at {path}; run nightly-shards (cold) first")
-    return str(path)
+    if warm:
+        if not path.is_dir() or not any(path.iterdir()):
+            raise SystemExit(f"{name}: no warm cache at {path}; run a cold nightly phase first")
+        return str(path)
+    if not path.exists():
+        path.mkdir(parents=True)
+        return str(path)
+    return _empty_cache(name)
 
 
 def _retire_cache(path: str) -> None:
-    """Delete a cold run's cache, or keep it as the warm cache when there is none yet."""
-    warm = OUT / WARM_CACHE
-    if Path(path) != warm and not warm.exists():
-        shutil.move(path, warm)
-    elif Path(path) != warm:
+    """Delete a cold run's own cache (the warm cache stays)."""
+    if Path(path) != OUT / WARM_CACHE:
         shutil.rmtree(path, ignore_errors=True)
 
 

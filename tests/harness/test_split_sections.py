@@ -161,8 +161,9 @@ def test_the_moe_section_split_in_three_merges_into_the_unsplit_one():
 
 @pytest.mark.dist
 def test_the_dist_matrix_split_in_two_merges_into_the_unsplit_one(tmp_path, monkeypatch):
-    """One format, the smoke layouts: each part saves everything, loads its layouts (weighted by
-    world size: part 1 gets tp1ep1 and tp1ep2, part 2 tp2ep1); part 1 alone keeps the save rows."""
+    """One format, the smoke layouts: the save layouts are cut by world size (part 1 saves tp1ep1
+    and tp1ep2, part 2 tp2ep1), each part loads its own checkpoints under every load layout, and
+    part 1 (which saves the first layout) alone runs the controls on that layout's checkpoints."""
     from dataclasses import replace
 
     from moe_fq_parity.harness.sections.dist import section as dist
@@ -172,30 +173,32 @@ def test_the_dist_matrix_split_in_two_merges_into_the_unsplit_one(tmp_path, monk
     monkeypatch.setattr(dist, "ENGINES", {"dcp": dist.ENGINES["dcp"]})  # the engines' blocks are keyed alike: one is enough here
     full = dist.run("smoke", 11, "cpu").to_json()
     parts = [dist.run("smoke", 11, "cpu", part=Part(i, 2)) for i in (1, 2)]
-    assert [k for k, _ in parts[1].blocks] == [(0, 1, 2)] and [k for k, _ in parts[0].blocks][:2] == [(0, 0), (0, 1, 0)]
+    assert [k for k, _ in parts[1].blocks] == [(0, 0, 0, 2), (0, 0, 1, 2), (0, 1, 0, 0, 2), (0, 1, 1, 0, 2), (0, 1, 2, 0, 2)]
+    assert [k for k, _ in parts[0].blocks][:5] == [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 2)]
+    assert not {r.fields.get("save") for r in parts[1].rows} - {"tp2ep1"}  # part 2 saved and loaded only its layout's checkpoints
     merged = merge_sections([_shard_item(i, 2, [p.to_json()]) for i, p in zip((1, 2), parts)])[0]
     assert len(full["rows"]) > 20 and full["verdict"] == "pass" and merged == full
     assert "<workdir>" in " ".join(r["message"] for r in full["rows"])  # no temporary path: two runs give the same rows
 
 
-def test_a_dist_part_other_than_1_still_reports_a_save_that_failed_there(tmp_path, monkeypatch):
-    """Part 1 alone keeps the save stage's rows; a save that failed only in part 2 would otherwise
-    lose its rows without a trace, so part 2 reports its failed save rows, prefixed."""
+def test_a_dist_load_layout_that_failed_is_reported_by_every_part(tmp_path, monkeypatch):
+    """A load layout whose ranks fail gives a ``fail`` row in each part that loaded under it (ids
+    prefixed with the part), keyed with that part's first save layout: merged, none is lost."""
     from dataclasses import replace
 
     from moe_fq_parity.harness.sections.dist import matrix, section as dist
-    from moe_fq_parity.harness.sections.dist.checks import Verdict
+    from moe_fq_parity.harness.sections.dist.launch import RankFailure
 
-    def failing_save(plan, truth, workdir, out):
-        out.append(Verdict("save/tp1ep1", "fail", {"save": "tp1ep1"}, "save ranks failed: RankTimeout"))
-        out.append(Verdict("invariance/tp1ep2/nvfp4/static", "pass", {"save": "tp1ep2"}))
-        return []
+    real = matrix.run_layouts
 
-    monkeypatch.setattr(matrix, "_stage_save", failing_save)
-    monkeypatch.setattr(matrix, "_stage_load", lambda plan, layouts, *a: [[] for _ in layouts])
-    plan = replace(dist.plan_for("smoke", 3, "cpu"), qf_ids=("nvfp4/static",), bad_inputs=False)
-    keys_rows = matrix.run_plan_blocks(plan, str(tmp_path), Part(2, 2))
-    assert keys_rows[0] == ((0, 2), [replace(Verdict("save/tp1ep1", "fail", {"save": "tp1ep1"}, "save ranks failed: RankTimeout"),
-                                             id="part2of2/save/tp1ep1")])
-    assert [k for k, _ in keys_rows[1:]] == [(1, 2)]  # its load layout (tp2ep1), no passing save rows
-    assert [r.id for _, rows in matrix.run_plan_blocks(plan, str(tmp_path), Part(1, 2))[:1] for r in rows] == ["save/tp1ep1", "invariance/tp1ep2/nvfp4/static"]
+    def failing_loads(calls, **kw):
+        runs = real(calls, **kw)
+        return [RankFailure("rank 1 exited with code 1") if c[0] is matrix.load_job and c[2].id == "tp2ep1" else r for c, r in zip(calls, runs)]
+
+    monkeypatch.setattr(matrix, "run_layouts", failing_loads)
+    plan = replace(dist.plan_for("smoke", 3, "cpu"), qf_ids=("nvfp4/static",), bad_inputs=False, negative_controls=False)
+    parts = [dict(matrix.run_plan_blocks(plan, str(tmp_path / f"p{i}"), Part(i, 2))) for i in (1, 2)]
+    assert [r.id for r in parts[0][(1, 2, 0, 0)]] == ["part1of2/load/tp2ep1"] and (1, 2, 0, 1) not in parts[0]
+    assert [r.id for r in parts[1][(1, 2, 0, 2)]] == ["part2of2/load/tp2ep1"]
+    assert all(r.verdict == "fail" and "rank 1 exited" in r.message for p in parts for r in p[next(k for k in p if k[:2] == (1, 2))])
+    assert all(r.verdict == "pass" for p in parts for k, rows in p.items() if k[:2] != (1, 2) for r in rows)

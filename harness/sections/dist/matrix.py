@@ -21,13 +21,18 @@
 A save or load layout whose ranks fail or hang gives ``fail`` rows for what it would have
 checked, with the reason; the other layouts still run.
 
-``run_plan_blocks(plan, workdir, part)`` gives the rows in keyed blocks -- ``(0,)`` every row of
-stages 2-4, ``(1, j)`` the rows of load layout ``j`` -- and runs only ``part``'s share of the work:
-every part builds the truth, saves every checkpoint and loads each whole (the loads need them), but
-only part 1 keeps those stages' rows, and each part loads under its share of the load layouts
-(``Part.owned``, weighted by world size: the load stage is most of the time, 49 of 63 s on a 2-CPU
-host).  A part other than 1 still reports the failed rows of stages 2-4 (ids prefixed
-``part{i}of{n}/``): a save that failed only there would otherwise drop its rows silently.
+``run_plan_blocks(plan, workdir, part)`` gives the rows in keyed blocks and runs only ``part``'s
+share of the work: the save layouts are cut into parts (``Part.owned``, weighted by world size) and
+a part saves under its layouts, reads its checkpoints back whole, and loads them under every load
+layout; the part that saves the first layout (the "keeper") also runs what reads that layout's
+checkpoints (the wrong-size vector and bit-flip controls, the bad inputs, the global-rank loader).
+So no work is repeated across parts but building the truth (well under a second).  Keys, sorted
+into the order of an unsplit run: ``(0, 0, i)`` the save rows of save layout ``i``, ``(0, 1, i)`` its
+content rows, ``(0, 2)`` the keeper's controls, ``(1, j, 0, i)`` the round trips of save layout
+``i``'s checkpoints under load layout ``j``, ``(1, j, 1)`` the global-rank control and ``(1, j, 2)``
+the bad inputs under ``j``.  A load layout whose ranks fail gives one ``fail`` row per part (ids
+prefixed ``part{i}of{n}/`` when split).  Split, the keeper's controls read the first layout's
+checkpoints only: where that save failed, an unsplit run would fall back to a later layout's.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Iterator, Optional, Union
 
 import torch
@@ -148,16 +153,18 @@ def _save_tasks(plan: DistPlan, lay: Layout, workdir: str) -> tuple[list[CkptTas
     return good, neg
 
 
-def _stage_save(plan: DistPlan, truth: Truth, workdir: str, out: list[SectionRow]) -> list[_Saved]:
-    """Every save layout's ranks (``run_layouts``: at once where the CPUs allow), then their rows in layout order."""
-    tasks = [_save_tasks(plan, lay, workdir) for lay in plan.save_layouts]
+def _stage_save(plan: DistPlan, truth: Truth, workdir: str, layouts: list[Layout]) -> list[tuple[list[SectionRow], list[_Saved]]]:
+    """The ranks of each of ``layouts`` (``run_layouts``: at once where the CPUs allow), then each
+    layout's rows and checkpoints, in layout order."""
+    tasks = [_save_tasks(plan, lay, workdir) for lay in layouts]
     calls = [(save_job, SavePayload(plan.seed, plan.cfg, plan.engine, plan.qf_ids, tuple(good + neg)), lay)
-             for lay, (good, neg) in zip(plan.save_layouts, tasks)]
+             for lay, (good, neg) in zip(layouts, tasks)]
     runs = run_layouts(calls, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
-    saved: list[_Saved] = []
-    for lay, (good, neg), ranks in zip(plan.save_layouts, tasks, runs):
-        saved += _judge_save(plan, lay, good, neg, ranks, truth, out)
-    return saved
+    out: list[tuple[list[SectionRow], list[_Saved]]] = []
+    for lay, (good, neg), ranks in zip(layouts, tasks, runs):
+        rows: list[SectionRow] = []
+        out.append((rows, _judge_save(plan, lay, good, neg, ranks, truth, rows)))
+    return out
 
 
 def _judge_save(plan: DistPlan, lay: Layout, good: list[CkptTask], neg: list[CkptTask], ranks: Union[list[dict], Exception], truth: Truth,
@@ -298,27 +305,33 @@ def _load_tasks(plan: DistPlan, saved: list[_Saved], lay: Layout, bad: list[BadC
     return tasks + [b.task for b in bad]
 
 
-def _stage_load(plan: DistPlan, layouts: list[Layout], saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str) -> list[list[SectionRow]]:
-    """The ranks of each of ``layouts`` (``run_layouts``), then the rows of each, in order."""
-    calls = [(load_job, LoadPayload(plan.seed, plan.engine, tuple(_load_tasks(plan, saved, lay, bad))), lay) for lay in layouts]
+LoadRows = dict[tuple[int, ...], list[SectionRow]]
+"""One load layout's rows by sub-key: ``(0, i)`` the checkpoints of save layout ``i``, ``(1,)`` the
+global-rank negative control, ``(2,)`` the bad inputs."""
+
+
+def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, failed_prefix: str = "") -> list[LoadRows]:
+    """The ranks of every load layout (``run_layouts``) reading ``saved`` and ``bad``, then the rows
+    of each, in load-layout order."""
+    calls = [(load_job, LoadPayload(plan.seed, plan.engine, tuple(_load_tasks(plan, saved, lay, bad))), lay) for lay in plan.load_layouts]
     runs = run_layouts(calls, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
-    blocks: list[list[SectionRow]] = []
-    for lay, ranks in zip(layouts, runs):
-        blocks.append([])
-        _judge_load(plan, lay, saved, bad, ranks, truth, blocks[-1])
-    return blocks
+    return [_judge_load(plan, lay, saved, bad, ranks, truth, failed_prefix) for lay, ranks in zip(plan.load_layouts, runs)]
 
 
 def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], ranks: Union[list[dict], Exception], truth: Truth,
-                out: list[Verdict]) -> None:
+                failed_prefix: str = "") -> LoadRows:
+    index = {l: i for i, l in enumerate(plan.save_layouts)}
+    blocks: LoadRows = {}
     if isinstance(ranks, Exception):
-        out.append(Verdict(f"load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}"))
-        return
+        first = min((index[s.layout] for s in saved), default=0)
+        blocks[(0, first)] = [Verdict(f"{failed_prefix}load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}")]
+        return blocks
     coords = [Coords(*r["coords"]) for r in ranks]
     for s in saved:
         t = s.task
         if t.index_mode != "global" and s.layout != lay:
             continue
+        out = blocks.setdefault((0, index[s.layout]), [])
         results = [r["results"][t.ckpt_id] for r in ranks]
         base = f"{s.layout.id}->{lay.id}/{t.qlayout}/{t.qf_id}"
         fields = {"save": s.layout.id, "load": lay.id, "qlayout": t.qlayout, "format": t.qf_id, "engine": plan.engine}
@@ -338,11 +351,13 @@ def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadC
         fields = {"save": s.layout.id, "load": lay.id, "qlayout": t.qlayout, "format": t.qf_id, "engine": plan.engine}
         inner = roundtrip_verdict(f"roundtrip/{base}/global_rank", fields, results, coords, s.oracle, truth, lay, t.qlayout, t.qf_id, t.index_mode,
                                   save_layout=s.layout)
-        out.append(negative_control(f"negative/vector_global_rank/{base}", inner, "the [N_global] vector sliced at the global rank instead of the EP rank"))
+        blocks.setdefault((1,), []).append(negative_control(f"negative/vector_global_rank/{base}", inner,
+                                                             "the [N_global] vector sliced at the global rank instead of the EP rank"))
     for b in bad:
         results = [r["results"][b.task.ckpt_id] for r in ranks]
         fields = {"load": lay.id, "qlayout": b.task.qlayout, "format": b.task.qf_id, "engine": plan.engine}
-        out.append(bad_input_verdict(f"bad_input/{b.kind}/{lay.id}", fields, results, b.error, b.must_mention))
+        blocks.setdefault((2,), []).append(bad_input_verdict(f"bad_input/{b.kind}/{lay.id}", fields, results, b.error, b.must_mention))
+    return blocks
 
 
 @contextmanager
@@ -374,29 +389,36 @@ def run_plan_blocks(plan: DistPlan, workdir: str, part: Optional[Part] = None) -
 
 def _run_plan(plan: DistPlan, workdir: str, part: Optional[Part]) -> list[tuple[BlockKey, list[SectionRow]]]:
     plan.validate()
-    first = part is None or part.index == 1
     os.makedirs(workdir, exist_ok=True)
+    owned = part.owned([lay.world for lay in plan.save_layouts]) if part is not None else [True] * len(plan.save_layouts)
+    mine = [i for i, own in enumerate(owned) if own]
+    keeper = owned[0]  # the part that saves the first layout also runs what reads the first layout's checkpoints
     available, why = ENGINES[plan.engine].available(plan.device)
     if not available:
-        return [((0,), [Verdict(f"engine/{plan.engine}", "skip", {"engine": plan.engine}, why)])] if first else []
+        return [((0,), [Verdict(f"engine/{plan.engine}", "skip", {"engine": plan.engine}, why)])] if keeper else []
+    if not mine:
+        return []
     truth = build_truth(plan.cfg, plan.seed, plan.qf_ids)
-    out: list[SectionRow] = []
-    saved = _stage_save(plan, truth, workdir, out)
-    _stage_content(saved, truth, out)
-    if plan.negative_controls and first:
-        _vector_size_rows(saved, truth, out)
-    if plan.negative_controls and first:
-        _payload_bitflip(saved, truth, workdir, out)
+    blocks: list[tuple[BlockKey, list[SectionRow]]] = []
+    saved: list[_Saved] = []
+    for i, (rows, layout_saved) in zip(mine, _stage_save(plan, truth, workdir, [plan.save_layouts[i] for i in mine])):
+        blocks.append(((0, 0, i), rows))
+        saved += layout_saved
+    for i in mine:
+        rows = []
+        _stage_content([s for s in saved if s.layout == plan.save_layouts[i]], truth, rows)
+        blocks.append(((0, 1, i), rows))
     bad: list[BadCase] = []
-    if plan.bad_inputs:
-        good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}
-        bad = make_bad_cases(os.path.join(workdir, "bad"), plan.cfg, plan.seed, good)
-    if first:
-        blocks: list[tuple[BlockKey, list[SectionRow]]] = [((0,), out)]
-    else:
-        failed = [replace(r, id=f"part{part.index}of{part.count}/{r.id}") for r in out if r.verdict == "fail"]
-        blocks = [((0, part.index), failed)] if failed else []
-    owned = part.owned([lay.world for lay in plan.load_layouts]) if part is not None else [True] * len(plan.load_layouts)
-    mine = [j for j, own in enumerate(owned) if own]
-    loads = _stage_load(plan, [plan.load_layouts[j] for j in mine], saved, bad, truth, workdir)
-    return blocks + [((1, j), rows) for j, rows in zip(mine, loads)]
+    if keeper:
+        rows = []
+        if plan.negative_controls:
+            _vector_size_rows(saved, truth, rows)
+            _payload_bitflip(saved, truth, workdir, rows)
+        blocks.append(((0, 2), rows))
+        if plan.bad_inputs:
+            good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}
+            bad = make_bad_cases(os.path.join(workdir, "bad"), plan.cfg, plan.seed, good)
+    prefix = f"part{part.index}of{part.count}/" if part is not None and part.count > 1 else ""
+    for j, load_rows in enumerate(_stage_load(plan, saved, bad, truth, workdir, prefix)):
+        blocks += [((1, j, *sub), rows) for sub, rows in sorted(load_rows.items())]
+    return blocks

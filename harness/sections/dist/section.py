@@ -11,8 +11,8 @@ Suites: ``smoke`` -- layouts of up to 2 ranks; ``ci``, ``nightly``, ``ultra`` --
 (on CUDA: up to the number of GPUs, at least 2 needed).
 
 ``run(..., part=Part(i, n))`` runs part ``i`` of ``n`` of the section (a shard's share: its share of
-the load layouts of every engine, ``matrix.run_plan_blocks``); its blocks are keyed
-``(engine index, *matrix key)``.
+the save layouts of every engine, with everything that reads their checkpoints,
+``matrix.run_plan_blocks``); its blocks are keyed ``(engine index, *matrix key)``.
 """
 
 from __future__ import annotations
