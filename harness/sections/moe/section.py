@@ -11,8 +11,8 @@ two backends bitwise.  Without it one ``skip`` row gives the reason.
 
 ``run(..., part=Part(i, n))`` runs part ``i`` of ``n`` (a shard's share): the section's blocks are
 the TE skip row ``(0,)``, each layer's layout rows ``(1, layer, 0)`` and each (layer, recipe)
-``(1, layer, 1 + recipe)``; a part runs the blocks it owns (``Part.owned``, equal weights), building a
-layer's expert data only when it owns one of that layer's blocks.
+``(1, layer, 1 + recipe)``; a part runs the blocks it owns (``Part.owned`` with ``block_weight``),
+building a layer's expert data only when it owns one of that layer's blocks.
 """
 
 from __future__ import annotations
@@ -73,6 +73,20 @@ SUITES: dict[str, SuiteConfig] = suite_table({
 Nemotron 3 Nano's routed expert at EP=4 (N=32, fc1 ``[1856, 2688]``, fc2 ``[2688, 1856]``)."""
 
 
+LAYOUT_WEIGHT, NVFP4_WEIGHT = 0.5, 1.6
+"""Cost of a block relative to a recipe's, for cutting the section into parts: a layer's layout rows
+cost about half a recipe, an NVFP4 recipe about 1.6 (its reference computes block scales).  From the
+nightly on two H100s with equal weights: the part holding the layout blocks and the INT recipes took
+19.2 s, the part holding the FP8 and both NVFP4 recipes 26.3 s."""
+
+
+def block_weight(cfg: SuiteConfig, recipe: int) -> float:
+    """The partition weight of block ``(1, layer, recipe)`` (0: the layout rows)."""
+    if recipe == 0:
+        return LAYOUT_WEIGHT
+    return NVFP4_WEIGHT if cfg.specs[recipe - 1][0].fmt == "nvfp4" else 1.0
+
+
 def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:
     """Every model's amax and outputs: real TE bench vs twin bench, bitwise."""
     role = Role("grouped_linear", "weight", twin.name)
@@ -95,7 +109,7 @@ def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Sect
     te_ok, te_why = te_available() if dev.type == "cuda" else (False, f"device {device} is not CUDA")
     backends = ["twin"] + (["te"] if te_ok else [])
     plan = [(li, ri) for li in range(len(cfg.layers)) for ri in range(1 + len(cfg.specs))]  # ri 0: the layer's layout rows
-    owned = dict(zip(plan, part.owned([1.0] * len(plan)) if part is not None else [True] * len(plan)))
+    owned = dict(zip(plan, part.owned([block_weight(cfg, ri) for _, ri in plan]) if part is not None else [True] * len(plan)))
     blocks: list[tuple[tuple[int, ...], list[SectionRow]]] = []
     if not te_ok and (part is None or part.index == 1):
         blocks.append(((0,), [SectionRow(id=f"te/real_grouped_linear/s{seed}", verdict="skip",
