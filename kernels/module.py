@@ -30,7 +30,9 @@ node with one input), so its host cost does not grow with N the way a list's doe
 N table keys and an N-input autograd node cost more than 40 µs + 0.5 µs per expert from N = 64 on;
 ``docs/kernels_performance.md``).  The state dict keeps the per-expert keys ``weight{i}`` /
 ``bias{i}`` (views of the rows), and ``load_state_dict`` takes them (or the stacked key), so either
-layout loads the other's checkpoints.  Same bits as the list layout.
+layout loads the other's checkpoints.  Same bits as the list layout.  Host time on an H100 host
+(median over 1,000 calls): forward 75 µs at N=4, 305 µs at N=128 (list layout: 92 and 1,058 µs);
+clipped backward 169-304 µs at every N (list layout: 214 µs at N=4, 2,663 µs at N=128).
 
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.

@@ -31,7 +31,8 @@ Two-GPU phases:
   The unsharded run and the two shards start from empty Triton caches (the shards share one, as
   shards on one host do by default), so the wall times compare: on one warm cache the phase run
   first paid the compilation the other did not (two H100s: shards 137 s on an empty cache against
-  119 s unsharded on a warm one; each shard with an empty cache of its own took 204-211 s).
+  119 s unsharded on a warm one; each shard with an empty cache of its own took 204-211 s).  Warm
+  against warm (two H100s): shards 67.6 s, unsharded 112.0 s.
 
 Environment: ``OUT`` (default ``./gpu-validate``) receives ``<phase>.json`` (the numbers), the
 reports and the logs; ``BACKENDS`` (default ``triton``) are the nightly's backends.  Loading reports

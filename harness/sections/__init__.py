@@ -134,10 +134,9 @@ SECTION_RUNNERS: dict[str, str] = {
 SPLIT_SECTIONS: frozenset[str] = frozenset({"moe", "dist"})
 """Sections whose runner takes ``part=Part(i, n)`` (see the module docstring): a sharded run gives each
 shard its part of them instead of giving each of them to one shard.  Measured on two H100s of one
-host, unsplit: the nightly's ``dist`` (53 s) and ``moe`` (48 s) sections alone were most of what two
-shards could not share (cases and reference of the whole run: 65 s).  Split in two (shards at once,
-one per GPU): ``moe`` parts 17.8 / 22.6 s against 34.6 s whole; ``dist`` parts 39.7 / 37.4 s against
-44.4 s whole, since its gloo ranks are CPU work and shards on one host share the CPUs."""
+host (nightly, warm Triton cache), two shards at once, one per GPU: ``moe`` parts 22.6 / 20.7 s
+against 39.2 s whole, ``dist`` parts 23.8 / 22.1 s against 31.4 s whole (its gloo ranks are CPU
+work, and shards on one host share the CPUs)."""
 
 
 def _single(name: str, verdict: str, message: str, part: Optional[Part] = None) -> Section:
