@@ -229,6 +229,11 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float],
 def run(cfg: RunConfig) -> int:
     """Run ``cfg`` and return the exit code (0 only when every check passed; 2 when another run is
     writing to the same ``out_dir``; 130 on Ctrl-C and 143 on SIGTERM, each with a partial report)."""
+    # The HTML renderer (matplotlib) is imported before SIGTERM can raise: an import cut off midway
+    # leaves half-initialised modules behind, and the partial report's HTML then fails to import
+    # them (seen on a slow host: exit 1 instead of 143, no partial HTML).
+    from moe_fq_parity.reports import html  # noqa: F401
+
     try:
         with out_lock(cfg.out_dir), sigterm_as_interrupt():
             return _run_locked(cfg)
