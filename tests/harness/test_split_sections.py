@@ -202,3 +202,24 @@ def test_a_dist_load_layout_that_failed_is_reported_by_every_part(tmp_path, monk
     assert [r.id for r in parts[1][(1, 2, 0, 2)]] == ["part2of2/load/tp2ep1"]
     assert all(r.verdict == "fail" and "rank 1 exited" in r.message for p in parts for r in p[next(k for k in p if k[:2] == (1, 2))])
     assert all(r.verdict == "pass" for p in parts for k, rows in p.items() if k[:2] != (1, 2) for r in rows)
+
+
+def test_a_part_that_saved_nothing_keys_its_failed_loads_apart_from_the_others(tmp_path, monkeypatch):
+    """Part 2 saves only tp2ep1; when that save fails too, its failed load row still carries its own
+    save layout's key, so merging the parts finds no overlap."""
+    from dataclasses import replace
+
+    from moe_fq_parity.harness.sections.dist import matrix, section as dist
+    from moe_fq_parity.harness.sections.dist.launch import RankFailure
+
+    real = matrix.run_layouts
+
+    def failing(calls, **kw):
+        runs = real(calls, **kw)
+        return [RankFailure("rank 0 exited with code 1") if c[2].id == "tp2ep1" else r for c, r in zip(calls, runs)]
+
+    monkeypatch.setattr(matrix, "run_layouts", failing)
+    plan = replace(dist.plan_for("smoke", 3, "cpu"), qf_ids=("nvfp4/static",), bad_inputs=False, negative_controls=False)
+    parts = [dict(matrix.run_plan_blocks(plan, str(tmp_path / f"p{i}"), Part(i, 2))) for i in (1, 2)]
+    assert [r.id for r in parts[1][(0, 0, 2)]] == ["save/tp2ep1"] and [r.id for r in parts[1][(1, 2, 0, 2)]] == ["part2of2/load/tp2ep1"]
+    assert not set(parts[0]) & set(parts[1])

@@ -310,21 +310,22 @@ LoadRows = dict[tuple[int, ...], list[SectionRow]]
 global-rank negative control, ``(2,)`` the bad inputs."""
 
 
-def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, failed_prefix: str = "") -> list[LoadRows]:
+def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: Truth, workdir: str, first_owned: int = 0,
+                failed_prefix: str = "") -> list[LoadRows]:
     """The ranks of every load layout (``run_layouts``) reading ``saved`` and ``bad``, then the rows
-    of each, in load-layout order."""
+    of each, in load-layout order; a layout whose ranks failed gives one row keyed with
+    ``first_owned``, the part's first save layout (unique to the part, whatever it saved)."""
     calls = [(load_job, LoadPayload(plan.seed, plan.engine, tuple(_load_tasks(plan, saved, lay, bad))), lay) for lay in plan.load_layouts]
     runs = run_layouts(calls, device=plan.device, workdir=workdir, timeout_s=plan.timeout_s)
-    return [_judge_load(plan, lay, saved, bad, ranks, truth, failed_prefix) for lay, ranks in zip(plan.load_layouts, runs)]
+    return [_judge_load(plan, lay, saved, bad, ranks, truth, first_owned, failed_prefix) for lay, ranks in zip(plan.load_layouts, runs)]
 
 
 def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], ranks: Union[list[dict], Exception], truth: Truth,
-                failed_prefix: str = "") -> LoadRows:
+                first_owned: int = 0, failed_prefix: str = "") -> LoadRows:
     index = {l: i for i, l in enumerate(plan.save_layouts)}
     blocks: LoadRows = {}
     if isinstance(ranks, Exception):
-        first = min((index[s.layout] for s in saved), default=0)
-        blocks[(0, first)] = [Verdict(f"{failed_prefix}load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}")]
+        blocks[(0, first_owned)] = [Verdict(f"{failed_prefix}load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}")]
         return blocks
     coords = [Coords(*r["coords"]) for r in ranks]
     for s in saved:
@@ -419,6 +420,6 @@ def _run_plan(plan: DistPlan, workdir: str, part: Optional[Part]) -> list[tuple[
             good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}
             bad = make_bad_cases(os.path.join(workdir, "bad"), plan.cfg, plan.seed, good)
     prefix = f"part{part.index}of{part.count}/" if part is not None and part.count > 1 else ""
-    for j, load_rows in enumerate(_stage_load(plan, saved, bad, truth, workdir, prefix)):
+    for j, load_rows in enumerate(_stage_load(plan, saved, bad, truth, workdir, mine[0], prefix)):
         blocks += [((1, j, *sub), rows) for sub, rows in sorted(load_rows.items())]
     return blocks
