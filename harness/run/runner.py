@@ -243,7 +243,7 @@ def run(cfg: RunConfig) -> int:
 
 
 def _run_locked(cfg: RunConfig) -> int:
-    started = time.perf_counter()
+    started_at = time.perf_counter()
     device = _run_device(cfg.backends)
     copy_gbps = None
     if cfg.perf:
@@ -260,22 +260,25 @@ def _run_locked(cfg: RunConfig) -> int:
     writer = ReportWriter(cfg.out_dir, meta)
     writer.write_json()
     phases = dict.fromkeys(PHASES, 0.0)
+    names = cfg.section_names()
+    part = report_sections.Part(cfg.shard.index, cfg.shard.count) if cfg.shard is not None else None
     try:
-        writer.write_html()
-        phases["_before_cases"] = time.perf_counter() - started
-        _run_cases(cfg, writer, copy_gbps, phases)
-        names = cfg.section_names()
-        t0 = time.perf_counter()
-        def section_done(done: list[dict], last: dict) -> None:
-            of = f" (part {last['part']['index']}/{last['part']['count']})" if last.get("part") else ""
-            print(f"section {last['name']}{of}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
-            phases["sections"] = time.perf_counter() - t0
-            phases["total"] = time.perf_counter() - started
-            writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
-            writer.set_sections(done)
+        # The section processes start now and prepare (interpreter, imports) while the cases run.
+        with report_sections.start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
+            writer.write_html()
+            phases["_before_cases"] = time.perf_counter() - started_at
+            _run_cases(cfg, writer, copy_gbps, phases)
+            t0 = time.perf_counter()
 
-        part = report_sections.Part(cfg.shard.index, cfg.shard.count) if cfg.shard is not None else None
-        sections = report_sections.run_sections(cfg.suite, cfg.seed, str(device), names, on_done=section_done, part=part) if names else []
+            def section_done(done: list[dict], last: dict) -> None:
+                of = f" (part {last['part']['index']}/{last['part']['count']})" if last.get("part") else ""
+                print(f"section {last['name']}{of}: {last['verdict']}, {len(last['rows'])} rows in {last['seconds']:.1f} s", file=sys.stderr)
+                phases["sections"] = time.perf_counter() - t0
+                phases["total"] = time.perf_counter() - started_at
+                writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
+                writer.set_sections(done)
+
+            sections = started.run(on_done=section_done) if names else []
         phases["sections"] = time.perf_counter() - t0
         writer.set_sections(sections)
         if cfg.baseline is not None:
@@ -284,7 +287,7 @@ def _run_locked(cfg: RunConfig) -> int:
             writer.set_baseline(diff.to_json(cfg.baseline_path))
             print(format_diff(diff))
         phases["report_writes"] = writer.write_s
-        phases["total"] = time.perf_counter() - started
+        phases["total"] = time.perf_counter() - started_at
         writer.report["meta"]["phase_s"] = {k: round(phases[k], 3) for k in PHASES}
         writer.finish(complete=True)
         per_section = ", ".join(f"{s['name']} {s['seconds']:.1f}" for s in sections if "seconds" in s)

@@ -3,7 +3,10 @@
 A section is produced by a runner ``run(suite: str, seed: int, device: str) -> Section`` named in
 ``SECTION_RUNNERS`` as ``"module:function"`` (imported lazily, so a section whose dependencies are
 missing is reported as skipped with the reason instead of breaking the run).  The report renders
-each section as one table; a section fails when any of its rows fails.
+each section as one table; a section fails when any of its rows fails.  A runner's module may
+also define ``prepare()``: the slow start-up of the section (imports, a process server), which a run
+calls in the section's own process while its cases still run (``start_sections``); ``prepare()``
+must not initialise CUDA (the cases may need the whole GPU).
 
 A section named in ``SPLIT_SECTIONS`` can be split across the shards of a run: its runner also takes
 ``part=Part(i, n)`` and then runs only its share of the work, returning its rows in keyed blocks
@@ -175,14 +178,34 @@ def _timed(name: str, target: str, suite: str, seed: int, device: str, part: Opt
     return run_section(name, target, suite, seed, device, part).to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
 
 
+def _prepare(target: str) -> None:
+    """Import a runner's module and call its ``prepare()`` if it has one (the slow start-up a section
+    can do before its turn: imports, a process server).  Errors are left for ``run_section``, which
+    imports the module again and reports them as the section's row."""
+    try:
+        module = importlib.import_module(target.partition(":")[0])
+        prepare = getattr(module, "prepare", None)
+        if callable(prepare):
+            prepare()
+    except Exception:  # noqa: BLE001 - run_section reports what broke, as that section's row
+        pass
+
+
 def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int, part: Optional[Part]) -> None:
-    """Body of a section's own process (``threads``: its share of the parent's PyTorch threads): its
-    JSON (or the exception's last line) through ``conn``."""
+    """Body of a section's own process (``threads``: its share of the parent's PyTorch threads):
+    prepares the section, waits for the parent's ``"go"``, then sends its JSON (or the exception's
+    last line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
+    ends the process without running the section."""
     try:
         import torch
 
         torch.set_num_threads(threads)
+        _prepare(target)
+        if conn.recv() != "go":
+            return
         conn.send(("ok", _timed(name, target, suite, seed, device, part)))
+    except EOFError:
+        return
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a failed section
         conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
     finally:
@@ -190,26 +213,120 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
 
 
 PARALLEL_MIN_CPUS = 4
-"""``run_sections(parallel=None)`` runs the sections at once only on hosts with at least this many CPUs."""
+"""Sections run at once only on hosts where this process's share of the CPUs is at least this many."""
 
 
 OnDone = Callable[[list[dict[str, Any]], dict[str, Any]], None]
 """``on_done(sections finished so far, in the order chosen; the one just finished)``."""
 
 
-def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None, on_done: Optional[OnDone] = None,
-                 parallel: Optional[bool] = None, part: Optional[Part] = None) -> list[dict[str, Any]]:
-    """JSON of the selected sections (default: all of ``SECTION_RUNNERS``) in the order chosen, each
-    with the wall ``seconds`` it took; ``on_done`` is called as each one finishes (progress, and a
-    report that keeps the finished sections if the run is cut off).  ``part`` (shard ``i/n`` of a
-    sharded run): the sections of ``SPLIT_SECTIONS`` run that part of themselves, the others whole.
+class StartedSections:
+    """The sections of a run, started ahead of their turn (``start_sections``): ``run()`` runs them
+    and returns their JSON; ``close()`` (or leaving the ``with`` block) ends every section process
+    still alive, so a run cut off before or during its sections leaves none behind."""
+
+    def __init__(self, chosen: list[str], suite: str, seed: int, device: str, part: Optional[Part], parallel: bool) -> None:
+        self.chosen, self.suite, self.seed, self.device, self.part = chosen, suite, seed, device, part
+        self._procs: dict[Any, tuple[str, Any]] = {}
+        if parallel and len(chosen) >= 2:
+            self._spawn()
+
+    def _part(self, name: str) -> Optional[Part]:
+        return self.part if name in SPLIT_SECTIONS else None
+
+    def _spawn(self) -> None:
+        import multiprocessing as mp
+
+        import torch
+
+        from moe_fq_parity.harness.core.processes import startable_main
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context or forkserver state inherited
+        threads = max(1, torch.get_num_threads() // len(self.chosen))  # the sections share this process's CPUs
+        for n in self.chosen:
+            mine, theirs = ctx.Pipe()
+            # not daemonic: a daemonic process may not start processes, and dist starts its ranks
+            p = ctx.Process(target=_child, args=(theirs, n, SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, self._part(n)),
+                            name=f"section-{n}")
+            with startable_main():
+                p.start()
+            theirs.close()
+            self._procs[mine] = (n, p)
+
+    def run(self, on_done: Optional[OnDone] = None) -> list[dict[str, Any]]:
+        """Every chosen section's JSON in the order chosen, each with the wall ``seconds`` it took
+        from its start (its preparation not included); ``on_done`` is called as each one finishes."""
+        if not self._procs:
+            out = []
+            for n in self.chosen:
+                out.append(_timed(n, SECTION_RUNNERS[n], self.suite, self.seed, self.device, self._part(n)))
+                if on_done is not None:
+                    on_done(list(out), out[-1])
+            return out
+        from multiprocessing.connection import wait
+
+        t0 = time.perf_counter()
+        done: dict[str, dict[str, Any]] = {}
+        for conn in list(self._procs):
+            try:
+                conn.send("go")
+            except OSError:  # the process already died: its EOF below gives the failed row
+                pass
+        try:
+            while self._procs:
+                for conn in wait(list(self._procs)):
+                    n, p = self._procs.pop(conn)
+                    try:
+                        status, payload = conn.recv()
+                    except EOFError:
+                        p.join(5)
+                        status, payload = "error", f"the section process exited with {p.exitcode} before reporting"
+                    conn.close()
+                    if status == "ok":
+                        done[n] = payload
+                    else:
+                        failed = _single(n, "fail", f"section {n} failed in its process: {payload}", self._part(n))
+                        done[n] = failed.to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+                    p.join(5)
+                    if on_done is not None:
+                        on_done([done[k] for k in self.chosen if k in done], done[n])
+        finally:
+            self.close()
+        return [done[n] for n in self.chosen]
+
+    def close(self) -> None:
+        """End the section processes still alive (a run cut off, or one that never ran them)."""
+        for conn, (_, p) in list(self._procs.items()):
+            conn.close()  # a process still preparing or waiting for "go" then ends on its own
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+        self._procs.clear()
+
+    def __enter__(self) -> "StartedSections":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None, parallel: Optional[bool] = None,
+                   part: Optional[Part] = None) -> StartedSections:
+    """The selected sections (default: all of ``SECTION_RUNNERS``), started ahead of their turn.
+    ``part`` (shard ``i/n`` of a sharded run): the sections of ``SPLIT_SECTIONS`` run that part of
+    themselves, the others whole.
 
     ``parallel`` (default: when this process's share of the host's CPUs, ``cpu_share``, is
-    ``PARALLEL_MIN_CPUS`` or more): every section in
-    a process of its own (``spawn``), all at once, so the run waits for the slowest section instead
-    of their sum (on one H100 the nightly's ``moe`` section drives the GPU while ``dist`` runs its
-    gloo ranks on the CPUs), each with an equal share of this process's PyTorch threads.  A section process that dies gives that section one ``fail`` row; an
-    interrupted run kills the section processes it started.
+    ``PARALLEL_MIN_CPUS`` or more): every section gets a process of its own (``spawn``) now, which
+    starts its interpreter, imports its runner and calls the runner module's ``prepare()`` while the
+    caller goes on (the run's cases), then waits; ``run()`` starts them all at once, so the run waits
+    for the slowest section instead of their sum (on one H100 the nightly's ``moe`` section drives the
+    GPU while ``dist`` runs its gloo ranks on the CPUs), each with an equal share of this process's
+    PyTorch threads.  A section process that dies gives that section one ``fail`` row.  Otherwise
+    (one section, or few CPUs) ``run()`` runs them one after the other in this process.
+
+    Cost of starting ahead: each section process holds its interpreter and imports (a few hundred MB
+    of host memory, no GPU memory: nothing initialises CUDA before ``run()``) while the cases run.
     """
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in SECTION_RUNNERS]
@@ -219,58 +336,13 @@ def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[st
         from moe_fq_parity.harness.core.processes import cpu_share
 
         parallel = cpu_share() >= PARALLEL_MIN_CPUS
-    if not parallel or len(chosen) < 2:
-        out = []
-        for n in chosen:
-            out.append(_timed(n, SECTION_RUNNERS[n], suite, seed, device, part if n in SPLIT_SECTIONS else None))
-            if on_done is not None:
-                on_done(list(out), out[-1])
-        return out
-    return _run_parallel(chosen, suite, seed, device, on_done, part)
+    return StartedSections(chosen, suite, seed, device, part, parallel)
 
 
-def _run_parallel(chosen: list[str], suite: str, seed: int, device: str, on_done: Optional[OnDone], part: Optional[Part]) -> list[dict[str, Any]]:
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    from moe_fq_parity.harness.core.processes import startable_main
-
-    ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context or forkserver state inherited
-    t0 = time.perf_counter()
-    procs: dict[Any, tuple[str, Any]] = {}
-    done: dict[str, dict[str, Any]] = {}
-    import torch
-
-    threads = max(1, torch.get_num_threads() // len(chosen))  # the sections share this process's CPUs
-    try:
-        for n in chosen:
-            recv, send = ctx.Pipe(duplex=False)
-            # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(send, n, SECTION_RUNNERS[n], suite, seed, device, threads, part if n in SPLIT_SECTIONS else None),
-                            name=f"section-{n}")
-            with startable_main():
-                p.start()
-            send.close()
-            procs[recv] = (n, p)
-        while procs:
-            for conn in wait(list(procs)):
-                n, p = procs.pop(conn)
-                try:
-                    status, payload = conn.recv()
-                except EOFError:
-                    p.join(5)
-                    status, payload = "error", f"the section process exited with {p.exitcode} before reporting"
-                if status == "ok":
-                    done[n] = payload
-                else:
-                    failed = _single(n, "fail", f"section {n} failed in its process: {payload}", part if n in SPLIT_SECTIONS else None)
-                    done[n] = failed.to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
-                p.join(5)
-                if on_done is not None:
-                    on_done([done[k] for k in chosen if k in done], done[n])
-    finally:
-        for _, p in procs.values():
-            if p.is_alive():
-                p.kill()
-            p.join(5)
-    return [done[n] for n in chosen]
+def run_sections(suite: str, seed: int, device: str, names: Optional[Iterable[str]] = None, on_done: Optional[OnDone] = None,
+                 parallel: Optional[bool] = None, part: Optional[Part] = None) -> list[dict[str, Any]]:
+    """JSON of the selected sections in the order chosen, each with the wall ``seconds`` it took:
+    ``start_sections(...)`` run at once (see there); ``on_done`` is called as each one finishes
+    (progress, and a report that keeps the finished sections if the run is cut off)."""
+    with start_sections(suite, seed, device, names, parallel, part) as started:
+        return started.run(on_done)

@@ -7,6 +7,7 @@ long it took, for the tests to judge.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -54,10 +55,11 @@ def echo_job(ctx: RankContext, payload: Any) -> dict:
 
 
 def stamp_job(ctx: RankContext, payload: Any) -> dict:
-    """Sleeps ``payload`` seconds; returns when it started and ended (wall clock, for overlap checks)."""
+    """Sleeps ``payload`` seconds; returns when it started and ended (wall clock, for overlap checks)
+    and its parent process (the fork server it was forked from)."""
     start = time.time()
     time.sleep(float(payload))
-    return {"rank": ctx.rank, "start": start, "end": time.time()}
+    return {"rank": ctx.rank, "start": start, "end": time.time(), "ppid": os.getppid()}
 
 
 PROBES = {

@@ -107,3 +107,31 @@ def test_ranks_and_section_processes_start_from_a_script_read_from_stdin():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ranks [0, 1]" in proc.stdout and "sections ['pass', 'pass']" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "main <stdin>" in proc.stdout  # restored afterwards
+
+
+_AHEAD = """
+import multiprocessing.forkserver as fs
+import sys
+sys.path.insert(0, {repo!r})
+from moe_fq_parity.harness.sections.dist.section import prepare
+from moe_fq_parity.harness.sections.dist.launch import run_ranks
+from moe_fq_parity.harness.sections.dist.layout import Layout
+from tests.dist.probes import stamp_job
+prepare()
+print("server", fs._forkserver._forkserver_pid)
+print("parents", sorted({{r["ppid"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))}}))
+"""
+
+
+def test_the_sections_prepare_starts_the_fork_server_the_ranks_then_fork_from():
+    """The dist section's ``prepare()`` (run while a run's cases still run) starts the fork server;
+    the ranks of the section's first layout are forked from that server, not from a new one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", _AHEAD.format(repo=repo)], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["server"] != "None" and lines["parents"] == f"[{lines['server']}]", proc.stdout

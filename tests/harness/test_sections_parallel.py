@@ -60,3 +60,44 @@ def test_a_shard_gives_its_part_to_split_sections_in_their_processes_and_not_to_
         assert out[0]["part"] == {"index": 2, "count": 3, "blocks": [[[0], 1], [[1, 1], 2]]} and "part" not in out[1]
         if parallel:  # a part whose process died is one fail row of that part, mergeable with the others
             assert out[2]["part"]["index"] == 2 and out[2]["rows"][0]["id"] == "crash/part2of3" and out[2]["verdict"] == "fail"
+
+
+def test_sections_started_ahead_prepare_while_the_caller_goes_on(monkeypatch, tmp_path):
+    """``start_sections`` starts each section's process at once: it runs the runner module's
+    ``prepare()`` while the caller (a run's cases) goes on; ``run()`` then only runs the sections,
+    and their ``seconds`` leave the preparation out.  No section process outlives the ``with``."""
+    import glob
+    import time
+
+    from moe_fq_parity.harness import sections
+
+    from . import fake_prepared_section as fake
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_prepared_section:run" for k in "ab"})
+    monkeypatch.setenv(fake.MARKER_ENV, str(tmp_path / "prepared"))
+    with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
+        procs = [p for _, p in started._procs.values()]
+        deadline = time.time() + 60
+        while len(glob.glob(str(tmp_path / "prepared.*"))) < 2:  # the caller's own work; run() not called yet
+            assert time.time() < deadline, "the sections did not prepare before run()"
+            time.sleep(0.1)
+        go = time.time()
+        out = started.run()
+    assert not any(p.is_alive() for p in procs)
+    for s in out:
+        row = s["rows"][0]["fields"]
+        assert row["prepared_here"] and row["prepared_end"] < go <= row["started"], row
+        assert s["seconds"] < fake.PREPARE_S, s["seconds"]
+
+
+def test_sections_closed_before_their_turn_end_without_running(monkeypatch, tmp_path):
+    """A run cut off during its cases closes its started sections: their processes end and no
+    section runs."""
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:sleepy" for k in "ab"})
+    started = sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)
+    procs = [p for _, p in started._procs.values()]
+    assert len(procs) == 2 and all(p.is_alive() for p in procs)
+    started.close()
+    assert not any(p.is_alive() for p in procs)

@@ -211,6 +211,16 @@ def _start_method() -> str:
     return "forkserver"
 
 
+def start_fork_server() -> None:
+    """Start the ranks' fork server now (it imports ``PRELOAD``: seconds) instead of at the first
+    ``run_ranks``; the ranks then fork from it as they would have.  Touches no GPU."""
+    import multiprocessing.forkserver
+
+    _start_method()
+    with startable_main():
+        multiprocessing.forkserver.ensure_running()
+
+
 def _wait(context: Any, deadline: float, layout: Layout, timeout_s: float) -> None:
     try:
         while not context.join(timeout=0.2):

@@ -88,6 +88,13 @@ def engine_label(engine: str) -> str:
     return f"{engine} (megatron-core {version})" if engine == "megatron" and version else engine
 
 
+def prepare() -> None:
+    """Before the section's turn (``harness.sections.start_sections``): start the ranks' fork server."""
+    from .launch import start_fork_server
+
+    start_fork_server()
+
+
 def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Section:
     """The ``dist`` section, or its ``part`` (see the module docstring).  The notes do not depend on
     the part (each engine's pass/fail/skip counts are the table's: its rows carry the engine)."""
