@@ -109,8 +109,24 @@ def share_count() -> int:
         return 1
 
 
+SIBLINGS_ENV = "PARITY_CPU_SIBLINGS"
+"""How many processes of the same run work beside this one within its share (set in each section
+process: the other sections running at once), each keeping about one CPU busy."""
+
+
+def siblings() -> int:
+    """``PARITY_CPU_SIBLINGS`` (0 when unset or not a number)."""
+    try:
+        return max(0, int(os.environ.get(SIBLINGS_ENV, "0")))
+    except ValueError:
+        return 0
+
+
 def cpu_share() -> int:
     """The CPUs this process and the processes it starts may keep busy: ``usable_cpus()`` divided by
-    the share count of ``share_cpus`` (``PARITY_CPU_SHARE``), at least 1.  The dist section
-    schedules its one-thread rank processes within it."""
-    return max(1, usable_cpus() // share_count())
+    the share count of ``share_cpus`` (``PARITY_CPU_SHARE``), less one per sibling process of the
+    run working beside it (``PARITY_CPU_SIBLINGS``), at least 1.  The dist section schedules its
+    one-thread rank processes within it, so its ranks leave a CPU to each section running at once
+    (the ``moe`` section drives its GPU from one busy thread and slows when that thread waits for a
+    CPU)."""
+    return max(1, usable_cpus() // share_count() - siblings())

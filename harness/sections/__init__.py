@@ -191,14 +191,21 @@ def _prepare(target: str) -> None:
         pass
 
 
-def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int, part: Optional[Part]) -> None:
-    """Body of a section's own process (``threads``: its share of the parent's PyTorch threads):
+def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int, siblings: int,
+           part: Optional[Part]) -> None:
+    """Body of a section's own process (``threads``: its share of the parent's PyTorch threads;
+    ``siblings``: the other section processes running at once, ``processes.SIBLINGS_ENV``):
     prepares the section, waits for the parent's ``"go"``, then sends its JSON (or the exception's
     last line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
     ends the process without running the section."""
     try:
+        import os
+
         import torch
 
+        from moe_fq_parity.harness.core.processes import SIBLINGS_ENV
+
+        os.environ[SIBLINGS_ENV] = str(siblings)  # before prepare(): a process server started there inherits it
         torch.set_num_threads(threads)
         _prepare(target)
         if conn.recv() != "go":
@@ -246,7 +253,7 @@ class StartedSections:
         for n in self.chosen:
             mine, theirs = ctx.Pipe()
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(theirs, n, SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, self._part(n)),
+            p = ctx.Process(target=_child, args=(theirs, n, SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
                             name=f"section-{n}")
             with startable_main():
                 p.start()

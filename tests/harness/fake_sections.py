@@ -37,6 +37,13 @@ def threads(suite: str, seed: int, device: str) -> Section:
     return Section("threads", "fake section reporting its threads", ["threads"], [SectionRow("threads/1", "pass", {"threads": torch.get_num_threads()})])
 
 
+def cpus(suite: str, seed: int, device: str) -> Section:
+    """Passes; its row says how many CPUs the section's process may keep busy (``cpu_share``)."""
+    from moe_fq_parity.harness.core.processes import cpu_share
+
+    return Section("cpus", "fake section reporting its CPU share", ["cpu_share"], [SectionRow("cpus/1", "pass", {"cpu_share": cpu_share()})])
+
+
 SPLIT_BLOCKS = ((2,), (0,), (1, 0), (1, 1), (1, 2))
 """Block keys of ``split``, deliberately not in key order (the section is its blocks sorted by key)."""
 

@@ -89,6 +89,26 @@ def test_started_processes_inherit_the_share(monkeypatch) -> None:
     assert share == max(1, cpus // 2)
 
 
+def test_a_process_leaves_a_cpu_to_each_sibling_of_the_run(monkeypatch) -> None:
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
+    monkeypatch.setenv(processes.SHARE_ENV, "2")
+    monkeypatch.setenv(processes.SIBLINGS_ENV, "3")
+    assert processes.cpu_share() == 13
+    monkeypatch.setenv(processes.SIBLINGS_ENV, "40")
+    assert processes.cpu_share() == 1
+
+
+def test_section_processes_running_at_once_leave_each_other_a_cpu(monkeypatch) -> None:
+    """Each of three sections at once sees this process's share less two CPUs (one per other
+    section): the dist section schedules its ranks within that."""
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:cpus" for k in "abc"})
+    monkeypatch.delenv(processes.SIBLINGS_ENV, raising=False)
+    out = sections.run_sections("smoke", 1, "cpu", list("abc"), parallel=True)
+    assert [s["rows"][0]["fields"]["cpu_share"] for s in out] == [max(1, processes.cpu_share() - 2)] * 3
+
+
 def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch) -> None:
     from moe_fq_parity.harness import sections
 
