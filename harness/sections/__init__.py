@@ -235,6 +235,7 @@ class StartedSections:
     def __init__(self, chosen: list[str], suite: str, seed: int, device: str, part: Optional[Part], parallel: bool) -> None:
         self.chosen, self.suite, self.seed, self.device, self.part = chosen, suite, seed, device, part
         self._procs: dict[Any, tuple[str, Any]] = {}
+        self._threads: Optional[int] = None
         if parallel and len(chosen) >= 2:
             self._spawn()
 
@@ -259,6 +260,19 @@ class StartedSections:
                 p.start()
             theirs.close()
             self._procs[mine] = (n, p)
+        # While the sections prepare, the caller's OpenMP threads leave them a CPU each: a parallel
+        # region waits for its slowest thread, and one waiting for a CPU stalls all of them (on a
+        # 32-CPU host, a run with a thread per CPU built its inputs in 23.5 s beside the preparing
+        # sections, against 10.6 s alone).
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, self._threads - len(self.chosen)))
+
+    def _give_threads_back(self) -> None:
+        if self._threads is not None:
+            import torch
+
+            torch.set_num_threads(self._threads)
+            self._threads = None
 
     def run(self, on_done: Optional[OnDone] = None) -> list[dict[str, Any]]:
         """Every chosen section's JSON in the order chosen, each with the wall ``seconds`` it took
@@ -302,7 +316,9 @@ class StartedSections:
         return [done[n] for n in self.chosen]
 
     def close(self) -> None:
-        """End the section processes still alive (a run cut off, or one that never ran them)."""
+        """End the section processes still alive (a run cut off, or one that never ran them); the
+        caller's PyTorch threads are as they were before ``start_sections``."""
+        self._give_threads_back()
         for conn, (_, p) in list(self._procs.items()):
             conn.close()  # a process still preparing or waiting for "go" then ends on its own
             if p.is_alive():
@@ -333,7 +349,10 @@ def start_sections(suite: str, seed: int, device: str, names: Optional[Iterable[
     (one section, or few CPUs) ``run()`` runs them one after the other in this process.
 
     Cost of starting ahead: each section process holds its interpreter and imports (a few hundred MB
-    of host memory, no GPU memory: nothing initialises CUDA before ``run()``) while the cases run.
+    of host memory, no GPU memory: nothing initialises CUDA before ``run()``) while the cases run,
+    and the caller runs with one PyTorch thread fewer per section until ``run()`` or ``close()``.
+    Measured on two H100s of one host (nightly, warm Triton cache, two shards at once): the shards
+    took 66 s started ahead against 74.7 s started after the cases.
     """
     chosen = list(names) if names is not None else list(SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in SECTION_RUNNERS]

@@ -101,3 +101,27 @@ def test_sections_closed_before_their_turn_end_without_running(monkeypatch, tmp_
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     started.close()
     assert not any(p.is_alive() for p in procs)
+
+
+def test_the_caller_leaves_a_thread_per_preparing_section_and_gets_them_back(monkeypatch):
+    """While started sections prepare, the caller (a run's cases) runs with one PyTorch thread fewer
+    per section; ``run()`` and ``close()`` give them back.  Each section still gets its share of the
+    caller's threads as they were."""
+    import torch
+
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:threads" for k in "ab"})
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
+            assert torch.get_num_threads() == 6
+            out = started.run()
+            assert torch.get_num_threads() == 8
+        assert [s["rows"][0]["fields"]["threads"] for s in out] == [4, 4]
+        with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True):
+            assert torch.get_num_threads() == 6
+        assert torch.get_num_threads() == 8
+    finally:
+        torch.set_num_threads(before)
