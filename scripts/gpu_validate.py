@@ -272,10 +272,12 @@ def nightly_shards(tag: str = "") -> dict:
         logs.append(log)
         procs.append((subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i - 1), TRITON_CACHE_DIR=cache)), time.monotonic()))
-    walls, rcs = [], []
-    for p, t0 in procs:
-        rcs.append(p.wait())
-        walls.append(round(time.monotonic() - t0, 1))
+    walls, rcs = [None] * len(procs), [None] * len(procs)
+    while None in rcs:  # each shard's own wall (waiting in order gave a shard that ended first the later one's)
+        for i, (p, t0) in enumerate(procs):
+            if rcs[i] is None and p.poll() is not None:
+                rcs[i], walls[i] = p.returncode, round(time.monotonic() - t0, 1)
+        time.sleep(0.1)
     for log in logs:
         log.close()
     _retire_cache(cache)

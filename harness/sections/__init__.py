@@ -137,8 +137,8 @@ SECTION_RUNNERS: dict[str, str] = {
 SPLIT_SECTIONS: frozenset[str] = frozenset({"moe", "dist"})
 """Sections whose runner takes ``part=Part(i, n)`` (see the module docstring): a sharded run gives each
 shard its part of them instead of giving each of them to one shard.  Measured on two H100s of one
-host (nightly, warm Triton cache), two shards at once, one per GPU: ``moe`` parts 22.6 / 20.7 s
-against 39.2 s whole, ``dist`` parts 23.8 / 22.1 s against 31.4 s whole (its gloo ranks are CPU
+host (nightly, warm Triton cache), two shards at once, one per GPU: ``moe`` parts 25.5 / 24.5 s
+against 47.1 s whole, ``dist`` parts 13.7 / 11.8 s against 19.4 s whole (its gloo ranks are CPU
 work, and shards on one host share the CPUs)."""
 
 
@@ -261,9 +261,9 @@ class StartedSections:
             theirs.close()
             self._procs[mine] = (n, p)
         # While the sections prepare, the caller's OpenMP threads leave them a CPU each: a parallel
-        # region waits for its slowest thread, and one waiting for a CPU stalls all of them (on a
-        # 32-CPU host, a run with a thread per CPU built its inputs in 23.5 s beside the preparing
-        # sections, against 10.6 s alone).
+        # region waits for its slowest thread, and one waiting for a CPU stalls all of them (the
+        # unsharded nightly on a 32-CPU two-H100 host, a thread per CPU: inputs built in 18.9 and
+        # 23.5 s beside the preparing sections without this, 12.8 s with it).
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, self._threads - len(self.chosen)))
 
