@@ -214,7 +214,10 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
     except EOFError:
         return
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a failed section
-        conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
+        try:
+            conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1].strip()))
+        except OSError:  # the parent is gone (a Ctrl-C reaches the whole process group): nobody to tell
+            pass
     finally:
         conn.close()
 
@@ -320,8 +323,8 @@ class StartedSections:
         caller's PyTorch threads are as they were before ``start_sections``."""
         self._give_threads_back()
         for conn, (_, p) in list(self._procs.items()):
-            conn.close()  # a process still preparing or waiting for "go" then ends on its own
-            if p.is_alive():
+            conn.close()
+            if p.is_alive():  # still preparing, waiting for "go" or running: nothing of it is kept
                 p.kill()
             p.join(5)
         self._procs.clear()
