@@ -23,7 +23,7 @@ Shape/type errors are raised on the host whenever the table is new.  Measured on
 (torch 2.11, Triton 3.6; ``docs/kernels_performance.md`` §2): ``fake_quant_experts`` unchecked
 36 µs median at N=4, 70 µs at N=32, 304 µs at N=128 (about 30 µs fixed plus 1-2 µs per expert,
 mostly creating the N output views and reading the N tensors' key attributes); the checked default
-adds the asynchronous flag copy (~17 µs).  The stacked calls (``fake_quant``, ``ste_backward``) cache
+costs the same (its flags go straight to mapped host memory, ``kernels/checks.py``).  The stacked calls (``fake_quant``, ``ste_backward``) cache
 their launch plan on shape, dtype, device and options (``launch._stacked_plan``) and launch the
 compiled kernel directly too: no per-expert work on the host at all.
 """

@@ -191,8 +191,45 @@ def test_default_checks_do_not_sync_and_raise_later() -> None:
     torch.cuda.synchronize()
     assert out[1].isnan().all() and out[0].isfinite().all()
     with pytest.raises(ValueError, match="amax is NaN.*earlier checked kernel call"):
-        kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")  # the copy has landed: raised here
+        kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")  # the flag has landed: raised here
     kernels.fake_quant_experts(ws, torch.ones(2, device="cuda"), "int8")
+    kernels.raise_pending_errors()  # cleared: nothing left
+
+
+def test_checked_call_queues_only_its_kernel() -> None:
+    """A checked call puts nothing on the device but its kernel: the flags go straight to mapped
+    host memory, so no flag copy (``Memcpy``) follows the kernel on the stream."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ws = [torch.randn(64, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    amax = torch.ones(4, device="cuda")
+    for fmt in ("int8", "nvfp4"):
+        kernels.fake_quant_experts(ws, amax, fmt)  # compile and cache the table outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for fmt in ("int8", "nvfp4"):
+            kernels.fake_quant_experts(ws, amax, fmt)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("fake_quant_fwd_kernel" in n for n in names) == 2, f"the profiler saw these device activities: {names}"
+    assert all("fake_quant_fwd_kernel" in n for n in names), f"a checked call queued more than its kernel: {names}"
+    kernels.raise_pending_errors()
+
+
+def test_graph_replay_that_finds_bad_amax_raises_at_the_next_checked_call() -> None:
+    """A captured checked call replayed with a NaN amax (changed in place) writes NaN and sets the
+    host flags itself: once the device has run the replay, the next eager checked call raises."""
+    ws = [torch.randn(64, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    amax = torch.ones(3, device="cuda")
+    box: dict = {}
+    graph = _graph_capture(lambda: box.__setitem__("out", kernels.fake_quant_experts(ws, amax, "fp8_e4m3")))
+    kernels.raise_pending_errors()
+    amax[1] = float("nan")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert box["out"][1].isnan().all() and box["out"][0].isfinite().all()
+    with pytest.raises(ValueError, match="amax is NaN.*earlier checked kernel call"):
+        kernels.fake_quant_experts(ws, torch.ones(3, device="cuda"), "fp8_e4m3")
     kernels.raise_pending_errors()  # cleared: nothing left
 
 
