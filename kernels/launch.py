@@ -134,6 +134,9 @@ class ExpertTable:
     split_sizes: tuple[int, ...] = ()
     host: torch.Tensor | None = None
     plans: dict = field(default_factory=dict, compare=False, repr=False)
+    ready: list = field(default_factory=list, compare=False, repr=False)
+    """``[event, raw stream]`` while the copy of ``meta`` may still be queued on the stream that
+    built the table (``await_table``); emptied once the event has completed."""
 
 
 _data_ptr = torch.Tensor.data_ptr
@@ -167,7 +170,9 @@ def table_for(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None =
     ``validate`` raises for input the kernel does not take; it runs only when the key is new (or
     cannot be computed, e.g. a non-tensor in the list), so a cached table implies validated input.
     A table used while a CUDA graph is being captured is never freed (the graph reads its device
-    table on every replay).
+    table on every replay); one built during a capture is not cached for eager calls (its device
+    copy happens when the graph runs).  Launches order the current stream after the table's copy
+    to the device (``await_table``), so a table built on one stream serves launches on any other.
     """
     try:
         key = table_key(xs, grads)
@@ -176,15 +181,18 @@ def table_for(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None =
             table = None
     except (AttributeError, TypeError, RuntimeError, IndexError):
         key, table = None, None
+    capturing = table is not None and table.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if table is None:
         validate()
         key = table_key(xs, grads)
         table = expert_table(xs, grads, key=key)
-        _TABLES.pop(key[0], None)
-        _TABLES[key[0]] = table
-        if len(_TABLES) > CACHE_SIZE:
-            del _TABLES[next(iter(_TABLES))]
-    if table.device.type == "cuda" and id(table) not in _CAPTURED and torch.cuda.is_current_stream_capturing():
+        capturing = table.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:  # a table built in a capture holds its values only once the graph has run
+            _TABLES.pop(key[0], None)
+            _TABLES[key[0]] = table
+            if len(_TABLES) > CACHE_SIZE:
+                del _TABLES[next(iter(_TABLES))]
+    if capturing and id(table) not in _CAPTURED:
         _CAPTURED[id(table)] = table
     return table
 
@@ -238,6 +246,11 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
     if device.type == "cuda":
         host = _pinned_copy(host, device)
     meta = host.to(device, non_blocking=True)
+    ready = []
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        event = torch.cuda.Event()
+        event.record()
+        ready = [event, torch._C._cuda_getCurrentRawStream(device.index)]
     xvec = _vec_of(ptrs, shapes, esize)
     if grads is None:
         gvec = xvec
@@ -254,7 +267,25 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
         prev = off + r * c
     sizes.append(max(total, 1) - prev)
     return ExpertTable(meta, shapes, out_shapes, tuple(offsets), total, base, xvec, gvec, key, device, rows, stacked, tuple(sizes),
-                       host if device.type == "cuda" else None)  # fmt: skip
+                       host if device.type == "cuda" else None, ready=ready)  # fmt: skip
+
+
+def await_table(table: ExpertTable) -> None:
+    """Order the current stream after the copy of ``table.meta``.
+
+    The copy was queued on the stream current when the table was built; a launch on that stream
+    follows it in stream order, one on another stream (a side stream) waits for its event, until
+    the event is seen completed (then nothing is left to do, for any stream).  While a CUDA graph
+    is captured nothing is queried or waited for (not allowed there): ``torch.cuda.graph``
+    synchronizes the device before it starts capturing.  Host cost: an event query per call until
+    the copy has landed (the first call or two), nothing after."""
+    if not table.ready or torch.cuda.is_current_stream_capturing():
+        return
+    event, stream = table.ready
+    if event.query():
+        table.ready.clear()
+    elif torch._C._cuda_getCurrentRawStream(table.device.index) != stream:
+        torch.cuda.current_stream(table.device).wait_event(event)
 
 
 ARENA_ELEMS = 1 << 16
@@ -402,6 +433,7 @@ def fwd_list(
 
     x0 = xs[table.base]
     device = table.device
+    await_table(table)
     grid, kw = _fwd_plan(table, spec, x0.dtype, amax.per_channel, bool(check), config)
     flags = checks.flags_for(device, check)
     args = (_bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, _dummy(device) if flags is None else flags,
@@ -485,6 +517,7 @@ def bwd_list(
     from .bwd_kernel import clipped_bwd_kernel
 
     x0, g0 = xs[table.base], grads[table.base]
+    await_table(table)
     grid, kw = _bwd_plan(table, x0.dtype, amax.per_channel, config)
     args = (_bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0)
     fkey = ("fast", grid, id(kw), _align(amax.data), amax.se, amax.sr, _align(out_flat))
