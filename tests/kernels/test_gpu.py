@@ -234,26 +234,38 @@ def test_graph_replay_that_finds_bad_amax_raises_at_the_next_checked_call() -> N
 
 
 def test_table_built_on_one_stream_serves_a_launch_on_another() -> None:
-    """An expert table whose copy to the device is still queued behind 0.1 s of work on the stream
-    that built it serves a launch on a side stream: the launch waits for the copy.  (Read early,
-    the table would hold what its memory block held before, here most likely the zeros freed just
-    before: no expert would be written.)"""
+    """An expert table whose copy to the device is queued behind 0.1 s of work on the stream that
+    built it serves a launch on a side stream: the launch waits for the copy (so it is still
+    pending 20 ms later) and writes the reference bits.  Launched at once, it would read the
+    table's memory before the copy (what the block held before, most likely the zeros freed just
+    before: no expert written)."""
+    import time
+
     from moe_fq_parity.kernels import launch
 
     g = torch.Generator(device="cuda").manual_seed(5)
     ws = [torch.randn(48, 320, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3)]
     amax = torch.stack([w.float().abs().amax() for w in ws])
     want = reference.fake_quant_experts(ws, amax, "int8")
-    kernels.fake_quant_experts(ws, amax, "int8")  # compile outside the race
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # compile, and leave an output block cached for the side stream
+        kernels.fake_quant_experts(ws, amax, "int8")
     launch.clear_table_cache()
-    blank = torch.zeros(5 * len(ws), dtype=torch.int64, device="cuda")  # the block the table's copy most likely reuses
-    del blank
+    blank = torch.zeros(5 * len(ws), dtype=torch.int64, device="cuda")  # device block the table's copy reuses
+    staging = torch.empty(5 * len(ws), dtype=torch.int64, pin_memory=True)  # pinned block it reuses (no new
+    del blank, staging  # pinned allocation, which could wait for the device)
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # ~0.1 s on the current stream, queued ahead of the table's copy
     launch.table_for(ws, validate=lambda: None)
-    side = torch.cuda.Stream()
+    busy = torch.cuda.Event()
+    busy.record()
+    assert not busy.query(), "precondition: the table's copy must still be queued behind the sleep"
     with torch.cuda.stream(side):
         got = kernels.fake_quant_experts(ws, amax, "int8")
+        done = torch.cuda.Event()
+        done.record()
+    time.sleep(0.02)
+    assert not done.query(), "the side-stream launch did not wait for the table's copy to the device"
     torch.cuda.synchronize()
     assert_same_bits(got, want, ws, case="table built on another stream")
     kernels.raise_pending_errors()
