@@ -301,7 +301,7 @@ def peak_extra_memory(n: int, shape: tuple[int, int]) -> dict[str, float]:
     return result
 
 
-SWEEP_TILES = ((4096, 4, 4), (4096, 4, 8), (2048, 4, 8), (8192, 8, 2))
+SWEEP_TILES = ((4096, 4, 1), (4096, 4, 4), (2048, 4, 1), (2048, 4, 2), (2048, 4, 8), (8192, 8, 1), (8192, 8, 2))
 """(elements per tile, warps, tiles per program) tried per kernel at the production case."""
 
 
@@ -317,7 +317,7 @@ def sweep(copy_gbps: float, kinds: str = "") -> tuple[list[dict], dict[str, obje
     defaults = {**{f: FWD_CONFIG[parse_spec(f, None, {}).code] for f in EAGER_FORMATS}, "bwd_clipped": BWD_CONFIG}
     plan = [(kind, KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=defaults[kind].nvfp4_int_recip))
             for b, w, t in SWEEP_TILES for kind in defaults]  # fmt: skip
-    plan += [("int8", KernelConfig(8192, 8, tiles_per_program=4, scalar_int_div=False)),
+    plan += [("int8", KernelConfig(4096, 4, tiles_per_program=4, scalar_int_div=True)),
              ("nvfp4", KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=True))]  # fmt: skip
     wanted = {k for k in kinds.split(",") if k}
     plan += [("nvfp4", KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=False)) for b, w, t in ((1024, 4, 8), (2048, 8, 8), (4096, 4, 8))]

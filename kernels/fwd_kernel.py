@@ -55,6 +55,7 @@ _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
 _FMAX = tl.constexpr(FP32_MAX)
 _SIXTH = tl.constexpr(0.1666666716337204)  # RN_fp32(1/6) = 0x3E2AAAAB, what torch.reciprocal(6.0) gives
 _NVB = tl.constexpr(NVFP4_BLOCK)
+_TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to here
 
 
 @triton.jit
@@ -138,7 +139,12 @@ def _nvfp4_scales(g, INT_DIV: tl.constexpr):
     ge = div_rn_normal(tl.zeros_like(g) + _GSCALE, g, INT_DIV)  # g = 0 or subnormal: +inf either way
     ge = tl.where(ge > _FMAX, _FMAX, ge)
     ge = tl.where(ge == 0.0, 1.0, ge)
-    gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)  # subnormal when ge > 2**126: integer division
+    if INT_DIV:
+        gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)
+    elif ge > _TWO126:  # subnormal quotient: integer division (a branch: the common path skips it)
+        gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)
+    else:  # ge in [1, 2**126] (or NaN): normal quotient
+        gd = tl.math.div_rn(tl.zeros_like(ge) + 1.0, ge)
     return gd, ge * _SIXTH
 
 

@@ -50,22 +50,30 @@ class KernelConfig:
     max_bc: int = 2048
     nvfp4_int_recip: bool = True
     """NVFP4 block reciprocal ``RN(1/d)``: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
-    scalar_int_div: bool = True
-    """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
+    scalar_int_div: bool = False
+    """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn`` (the
+    operands and quotients are provably normal there; NVFP4's ``1/ge`` takes the integer path only
+    when its quotient is subnormal).  Both give the same bits; the integer path's 64-bit division
+    cost every program a long serial prologue (below)."""
     tiles_per_program: int = 1
     """Most tiles each program loops over (per-expert scales computed once per program); fewer
     when the problem is small (``geometry.tiles_per_program``)."""
 
 
-# Fastest of `python -m moe_fq_parity.kernels.bench --sweep` at the Ultra production case on an H200 (2 runs;
-# differences under ~2% are run-to-run noise): INT 4096x4w/4 tiles 92.4%, FP8 2048x4w/8 93.7%,
-# NVFP4 2048x4w/8 78.7% (integer block reciprocal: 42%), backward 8192x8w/2 95.3% of copy bandwidth.
+# One H100 (copy 3,017 GB/s), kernel alone (`do_bench_cudagraph`, bf16, amax per expert), tiles per
+# program swept over 1/2/4/8 at 11 cases from N=4 x [1856, 2688] (80 MB moved) to Ultra N=32 x
+# [5120, 8192] (5.4 GB).  With the IEEE scale divisions one tile per program is fastest for INT,
+# FP8 and the backward in every case (Ultra: INT 97.2%, FP8 98.7%, backward 97.3% of copy; before,
+# INT 4 / FP8 8 / backward 2 tiles: 94.9 / 94.6 / 97.0%); NVFP4 is fastest with 2 (or 4) except on
+# the 128-wide tiles of Nano rows (1 tile there is 2-4 points faster).  With the integer divisions
+# a program's scale prologue (two 64-bit divisions, serial) had to be spread over many tiles: at
+# N=8 x Nano, one tile per program gave FP8 75% / NVFP4 60% with it and 93% / 84% without it.
 FWD_CONFIG: dict[int, KernelConfig] = {
-    FMT_INT: KernelConfig(4096, 4, tiles_per_program=4),
-    FMT_FP8: KernelConfig(2048, 4, tiles_per_program=8),
-    FMT_NVFP4: KernelConfig(2048, 4, tiles_per_program=8, nvfp4_int_recip=False),
+    FMT_INT: KernelConfig(4096, 4, tiles_per_program=1),
+    FMT_FP8: KernelConfig(2048, 4, tiles_per_program=1),
+    FMT_NVFP4: KernelConfig(2048, 4, tiles_per_program=2, nvfp4_int_recip=False),
 }
-BWD_CONFIG = KernelConfig(8192, 8, tiles_per_program=2)
+BWD_CONFIG = KernelConfig(8192, 8, tiles_per_program=1)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
 """Under the interpreter both division paths are numpy's IEEE division or exact integer code."""
 

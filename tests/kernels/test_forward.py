@@ -215,9 +215,11 @@ def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generat
     assert_same_bits(outs, [want], [x], case="nvfp4/subnormal_d")
 
 
+@pytest.mark.parametrize("int_div", [False, True], ids=["div_rn", "integer"])
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "nvfp4"])
-def test_hardware_division_paths(fmt: str, gen: torch.Generator, device: str) -> None:
-    """``scalar_int_div=False`` / ``nvfp4_int_recip=False``: scales through ``tl.math.div_rn``."""
+def test_both_division_paths(fmt: str, gen: torch.Generator, device: str, int_div: bool) -> None:
+    """Scales through ``tl.math.div_rn`` (``scalar_int_div=False``, ``nvfp4_int_recip=False``; the
+    GPU default for the scales) and through the integer division (``True``, ``True``): same bits."""
     from moe_fq_parity.kernels import launch
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
@@ -227,10 +229,10 @@ def test_hardware_division_paths(fmt: str, gen: torch.Generator, device: str) ->
     table = launch.expert_table(ws)
     flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
     base = launch.INTERPRETER_CONFIG if device == "cpu" else launch.FWD_CONFIG[parse_spec(fmt, None, {}).code]
-    cfg = launch.KernelConfig(base.block, base.num_warps, base.max_waste, base.max_bc, nvfp4_int_recip=False, scalar_int_div=False)
+    cfg = launch.KernelConfig(base.block, base.num_warps, base.max_waste, base.max_bc, nvfp4_int_recip=int_div, scalar_int_div=int_div)
     view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
     launch.fwd_list(table, ws, flat, view, parse_spec(fmt, None, {}), check=True, config=cfg)
-    assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/div_rn")
+    assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/int_div={int_div}")
 
 
 def test_one_dimensional_input(gen: torch.Generator, device: str) -> None:
