@@ -85,12 +85,18 @@ def test_a_killed_run_fails_its_gate(tmp_path, baseline):
     """A nightly that died early (Ctrl-C after a second), compared with the baseline, fails its gate."""
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    inherited = signal.getsignal(signal.SIGINT)
+    # A process started with SIGINT ignored keeps it ignored (POSIX; Python then installs no
+    # KeyboardInterrupt handler), so the child starts with the default disposition whatever this
+    # test process inherited.
     proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--suite", "smoke", "--backend", f"{HOSTILE}:slow",
-                             "--no-sections", "--no-progress", "--out", str(out)], cwd=REPO, env=env)
+                             "--no-sections", "--no-progress", "--out", str(out)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     _wait_for(out / "report.json")
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 130
+    rc = proc.wait(60)
+    assert rc == 130, f"exit {rc} after SIGINT (this process's SIGINT handler: {inherited!r}); child stderr: {proc.stderr.read()[-2000:]}"
     assert main(["compare", str(baseline), str(out / "report.json")]) == 1
 
 
