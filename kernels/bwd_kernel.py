@@ -35,6 +35,7 @@ def clipped_bwd_kernel(
     XVEC: tl.constexpr,
     GVEC: tl.constexpr,
     CVEC: tl.constexpr,
+    FLAT: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
     TPP: tl.constexpr,
@@ -42,7 +43,7 @@ def clipped_bwd_kernel(
     """Zero the gradient of tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)`` where ``|x| > amax``."""
     p = tl.program_id(0)
     e = tl.program_id(1)
-    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, CVEC)
+    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, CVEC, FLAT)
     n_tc, n_t = tile_count(rows, cols, BR, BC)
     if p * TPP < n_t:
         xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, XVEC)

@@ -17,7 +17,7 @@ from .tiles import expert_geometry, expert_ptr, tile_2d, tile_count
 def tiled_copy_kernel(x_ptr, y_ptr, meta_ptr, n_experts, VEC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, TPP: tl.constexpr):
     p = tl.program_id(0)
     e = tl.program_id(1)
-    rows, cols = expert_geometry(meta_ptr, n_experts, 0, 0, e, True, VEC)
+    rows, cols = expert_geometry(meta_ptr, n_experts, 0, 0, e, True, VEC, False)
     n_tc, n_t = tile_count(rows, cols, BR, BC)
     xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, True, VEC)
     yb = expert_ptr(y_ptr, meta_ptr, 1, n_experts, e, rows, cols, True, VEC)

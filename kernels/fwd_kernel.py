@@ -180,7 +180,7 @@ def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
 def fake_quant_fwd_kernel(
     x_ptr,  # input bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
     y_ptr,  # output bits: stacked [N, rows, cols]; list: one buffer, expert e at y_ptr + meta[1, e]
-    meta_ptr,  # list: int64 [5, N] (see kernels/tiles.py)
+    meta_ptr,  # list: int64 [7, N] (see kernels/tiles.py)
     amax_ptr,  # fp32; element (e, r) at e*amax_se + r*amax_sr
     amax_se,
     amax_sr,
@@ -200,6 +200,7 @@ def fake_quant_fwd_kernel(
     EXACT_FMA: tl.constexpr,
     BLOCK_RECIP_INT: tl.constexpr,
     INT_DIV: tl.constexpr,
+    FLAT: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
     TPP: tl.constexpr,
@@ -207,7 +208,7 @@ def fake_quant_fwd_kernel(
     """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
     p = tl.program_id(0)
     e = tl.program_id(1)
-    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC)
+    rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC, FLAT)
     n_tc, n_t = tile_count(rows, cols, BR, BC)
     if CHECK:
         if p == 0:

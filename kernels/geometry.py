@@ -7,6 +7,7 @@ Layout only, no arithmetic.  An expert is viewed as a row-major ``[rows, cols]``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import gcd
 from typing import Sequence
 
 import torch
@@ -113,6 +114,29 @@ def choose_tile(
     if br * widest + bc > _INT32_MAX:
         raise ValueError(f"a row of {widest} elements is too long for the kernel's int32 in-tile offsets (max {2**31 - 1 - bc})")
     return TileShape(_pow2_at_most(br), bc, num_warps)
+
+
+def flat_width(shapes: Sequence[tuple[int, int]], cap: int) -> int:
+    """Width ``W`` of the flat view of every expert: the largest power of two <= ``cap`` dividing
+    each non-empty expert's element count (0 when that is below 16 or there is no element).
+
+    Where elements are independent of their row (per-expert amax; NVFP4 also needs every row length
+    to be a multiple of its 16-element block), an expert ``[rows, cols]`` may be tiled as the
+    contiguous ``[rows * cols / W, W]``: the same elements at the same addresses, in wide tiles even
+    when the rows are narrow or not a power of two wide (Nano's 2688 = 21 x 128 otherwise gets
+    128-wide tiles)."""
+    g = 0
+    for r, c in shapes:
+        g = gcd(g, r * c)
+    if g == 0:
+        return 0
+    w = min(g & -g, cap)
+    return w if w >= 16 else 0
+
+
+def flat_shapes(shapes: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:
+    """``shapes`` viewed ``[rows * cols / width, width]`` (``width`` from ``flat_width``)."""
+    return [(r * c // width, width) for r, c in shapes]
 
 
 def with_tpp(tile: TileShape, tpp: int) -> TileShape:

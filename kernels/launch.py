@@ -3,7 +3,7 @@
 Two layouts share one kernel source:
 
 * list: N tensors anywhere in memory; their addresses, output offsets and shapes go into one
-  int64 table ``meta[5, N]`` (see ``ExpertTable``) that the kernel reads per program;
+  int64 table ``meta[7, N]`` (see ``ExpertTable``) that the kernel reads per program;
 * stacked: one contiguous tensor; expert ``e`` starts at ``e * rows * cols``.
 
 Outputs of the list layout are views into one buffer (one allocation), each expert starting on a
@@ -32,7 +32,7 @@ import torch
 from . import checks, env
 from .amax import AmaxView
 from .formats import BITS_DTYPE, FMT_FP8, FMT_INT, FMT_NVFP4, IO_CODES, QuantSpec
-from .geometry import TileShape, choose_tile, expert_matrix_shape, grid_for, tiles_per_program, with_tpp
+from .geometry import TileShape, choose_tile, expert_matrix_shape, flat_shapes, flat_width, grid_for, tiles_per_program, with_tpp
 
 
 
@@ -104,6 +104,24 @@ def tile_for(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, device: torch
     """The tile geometry (and tiles per program) a launch over ``shapes`` uses."""
     tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
     return with_tpp(tile, tiles_per_program(shapes, tile, cfg.tiles_per_program, _sm_count(device)))
+
+
+FLAT_CAP = 2048
+"""Widest flat view (``geometry.flat_width``): the widest tile the kernel configurations use."""
+
+
+def tiling(shapes: Sequence[tuple[int, int]], flat: int, cfg: KernelConfig, device: torch.device) -> tuple[bool, list[tuple[int, int]], TileShape]:
+    """``(use the flat view, the shapes tiled, the tile)``: the flat view ``[rows * cols / flat,
+    flat]`` (``flat`` > 0: the elements do not depend on their row) where its tiles are wider than
+    the rows' own; else the rows.  Nano rows (2688 = 21 x 128) get 128-wide tiles, their flat view
+    2048-wide ones."""
+    tile = tile_for(shapes, cfg, device)
+    if flat > tile.bc:
+        fs = flat_shapes(shapes, flat)
+        ftile = tile_for(fs, cfg, device)
+        if ftile.bc > tile.bc:
+            return True, fs, ftile
+    return False, list(shapes), tile
 _MIN_BC = 16
 
 
@@ -118,8 +136,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 class ExpertTable:
     """What a list-layout launch needs that depends only on the experts' addresses and shapes.
 
-    ``meta`` (int64 ``[5, N]`` on the device): input offset (elements from ``xs[base]``), output
-    offset (from the output buffer), rows, cols, gradient offset (from ``grads[base]``).  Output
+    ``meta`` (int64 ``[7, N]`` on the device): input offset (elements from ``xs[base]``), output
+    offset (from the output buffer), rows, cols, gradient offset (from ``grads[base]``), and rows and
+    cols of the flat view ``[rows * cols / flat, flat]`` (``geometry.flat_width``; ``flat`` 0: none).  Output
     offsets follow from the shapes alone, so the table stays valid for any output buffer from
     ``alloc_outputs``.  ``base``: the first non-empty expert (an empty tensor's address may be 0);
     ``xvec``/``gvec``: elements per 16-byte vector the kernel may assume (1: no alignment assumed).
@@ -141,6 +160,9 @@ class ExpertTable:
     stacked: tuple[int, ...] | None = None
     split_sizes: tuple[int, ...] = ()
     host: torch.Tensor | None = None
+    flat: int = 0
+    blocks16: bool = False
+    """Every row length a multiple of 16 (NVFP4's block): the flat view keeps NVFP4's blocks."""
     plans: dict = field(default_factory=dict, compare=False, repr=False)
     ready: list = field(default_factory=list, compare=False, repr=False)
     """``[event, raw stream]`` while the copy of ``meta`` may still be queued on the stream that
@@ -250,7 +272,10 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
     else:
         go = [0] * len(xs)
     device = xs[0].device
-    host = torch.tensor([xo, offsets, [r for r, _ in shapes], [c for _, c in shapes], go], dtype=torch.int64)
+    flat = flat_width(shapes, FLAT_CAP)
+    fshapes = flat_shapes(shapes, flat) if flat else shapes
+    host = torch.tensor([xo, offsets, [r for r, _ in shapes], [c for _, c in shapes], go, [r for r, _ in fshapes], [c for _, c in fshapes]],
+                        dtype=torch.int64)  # fmt: skip
     if device.type == "cuda":
         host = _pinned_copy(host, device)
     meta = host.to(device, non_blocking=True)
@@ -275,7 +300,8 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
         prev = off + r * c
     sizes.append(max(total, 1) - prev)
     return ExpertTable(meta, shapes, out_shapes, tuple(offsets), total, base, xvec, gvec, key, device, rows, stacked, tuple(sizes),
-                       host if device.type == "cuda" else None, ready=ready)  # fmt: skip
+                       host if device.type == "cuda" else None, flat=flat, blocks16=all(c % 16 == 0 for r, c in shapes if r and c),
+                       ready=ready)  # fmt: skip
 
 
 def await_table(table: ExpertTable) -> None:
@@ -418,9 +444,10 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
     if plan is None:
         device = table.device
         cfg = _config(device, config, FWD_CONFIG[spec.code])
-        tile = tile_for(table.shapes, cfg, device)
-        kw = dict(LIST=True, VEC=table.xvec, **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))
-        plan = table.plans[pkey] = (grid_for(table.shapes, tile), kw)
+        flat = 0 if per_channel or (spec.code == FMT_NVFP4 and not table.blocks16) else table.flat
+        use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device)
+        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))
+        plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
 
 
@@ -459,15 +486,15 @@ STACKED_PLANS = 256
 _STACKED: dict[tuple, tuple] = {}
 
 
-def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, int]]], tuple[tuple[int, int], dict]]) -> tuple:
+def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, int]]], tuple[tuple[int, int], dict, list[tuple[int, int]]]]) -> tuple:
     """``(grid, launch keywords, (n, rows, cols), fast-launch plans)`` of a stacked launch, cached
     on ``pkey`` (which holds ``x``'s shape, dtype and device and every launch option): a repeated
     call skips the tile choice, which walks the N experts, and launches through ``_launch``'s
-    direct path."""
+    direct path.  ``make`` returns the grid, the keywords and the shapes tiled (the flat view or
+    the rows); ``(rows, cols)`` are those the kernel gets."""
     plan = _STACKED.get(pkey)
     if plan is None:
-        shapes = _stacked_shapes(x)
-        grid, kw = make(shapes)
+        grid, kw, shapes = make(_stacked_shapes(x))
         plan = _STACKED[pkey] = (grid, kw, (len(shapes), *shapes[0]), {})
         if len(_STACKED) > STACKED_PLANS:
             del _STACKED[next(iter(_STACKED))]
@@ -482,12 +509,13 @@ def fwd_stacked(
 
     device = x.device
 
-    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
+    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
         cfg = _config(device, config, FWD_CONFIG[spec.code])
-        tile = tile_for(shapes, cfg, device)
-        kw = dict(LIST=False, VEC=_stacked_vec(x, shapes[0][1]), **_fwd_constexprs(spec, x.dtype, device, amax.per_channel, bool(check), cfg),
-                  **_launch_opts(tile))  # fmt: skip
-        return grid_for(shapes, tile), kw
+        keeps_rows = amax.per_channel or (spec.code == FMT_NVFP4 and shapes[0][1] % 16 != 0)
+        _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device)
+        kw = dict(LIST=False, VEC=_stacked_vec(x, used[0][1]), FLAT=False,
+                  **_fwd_constexprs(spec, x.dtype, device, amax.per_channel, bool(check), cfg), **_launch_opts(tile))  # fmt: skip
+        return grid_for(used, tile), kw, used
 
     grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
     flags = checks.flags_for(device, check)
@@ -505,10 +533,11 @@ def _bwd_plan(table: ExpertTable, dtype: torch.dtype, per_channel: bool, config:
     plan = table.plans.get(pkey)
     if plan is None:
         cfg = _config(table.device, config, BWD_CONFIG)
-        tile = tile_for(table.shapes, cfg, table.device)
+        use_flat, shapes, tile = tiling(table.shapes, 0 if per_channel else table.flat, cfg, table.device)
         cvec = max(table.xvec, table.gvec) if min(table.xvec, table.gvec) > 1 else 1
-        kw = dict(IO=IO_CODES[dtype], LIST=True, PER_CHANNEL=per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec, **_launch_opts(tile))
-        plan = table.plans[pkey] = (grid_for(table.shapes, tile), kw)
+        kw = dict(IO=IO_CODES[dtype], LIST=True, PER_CHANNEL=per_channel, XVEC=table.xvec, GVEC=table.gvec, CVEC=cvec, FLAT=use_flat,
+                  **_launch_opts(tile))  # fmt: skip
+        plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
 
 
@@ -541,14 +570,14 @@ def bwd_stacked(
 
     device = x.device
 
-    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
+    def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
         cfg = _config(device, config, BWD_CONFIG)
-        tile = tile_for(shapes, cfg, device)
-        cols = shapes[0][1]
+        _, used, tile = tiling(shapes, 0 if amax.per_channel else flat_width(shapes, FLAT_CAP), cfg, device)
+        cols = used[0][1]
         xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
         kw = dict(IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
-                  CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, **_launch_opts(tile))  # fmt: skip
-        return grid_for(shapes, tile), kw
+                  CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, FLAT=False, **_launch_opts(tile))  # fmt: skip
+        return grid_for(used, tile), kw, used
 
     pkey = ("bwd", x.shape, x.dtype, grad.dtype, device, amax.per_channel, config)
     grid, kw, (n, rows, cols), fast = _stacked_plan(pkey, x, make)

@@ -8,8 +8,9 @@ per-expert scale arithmetic is paid once per ``TPP`` tiles).  Each expert is a r
 (an expert may hold more than 2**31 elements); offsets inside a tile are int32 (the host checks
 ``BR * cols < 2**31``).
 
-The list-layout table is ``meta[5, N]`` (int64): 0 input offset, 1 output offset, 2 rows, 3 cols,
-4 gradient offset (backward only).  Offsets count elements from the kernel's base pointer
+The list-layout table is ``meta[7, N]`` (int64): 0 input offset, 1 output offset, 2 rows, 3 cols,
+4 gradient offset (backward only), 5 and 6 rows and cols of the flat view (``geometry.flat_width``;
+a launch with ``FLAT`` tiles the experts as those).  Offsets count elements from the kernel's base pointer
 arguments (a pointer argument carries Triton's 16-byte alignment facts, which an address turned
 into a pointer in the kernel would not: the loads would not be vectorized).
 """
@@ -21,12 +22,14 @@ import triton.language as tl
 
 
 @triton.jit
-def expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST: tl.constexpr, CVEC: tl.constexpr):
-    """``(rows, cols)`` of expert ``e``: from ``meta[2:4, e]`` (list) or the uniform shape;
-    ``CVEC > 1`` asserts (host-checked) that every ``cols`` is a multiple of ``CVEC``."""
+def expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST: tl.constexpr, CVEC: tl.constexpr, FLAT: tl.constexpr):
+    """``(rows, cols)`` of expert ``e``: from ``meta[2:4, e]`` (list; ``meta[5:7, e]``, the flat view,
+    with ``FLAT``) or the uniform shape; ``CVEC > 1`` asserts (host-checked) that every ``cols`` is a
+    multiple of ``CVEC``."""
     if LIST:
-        rows = tl.load(meta_ptr + 2 * n_experts + e).to(tl.int32)
-        cols = tl.load(meta_ptr + 3 * n_experts + e).to(tl.int32)
+        slot = 5 if FLAT else 2
+        rows = tl.load(meta_ptr + slot * n_experts + e).to(tl.int32)
+        cols = tl.load(meta_ptr + (slot + 1) * n_experts + e).to(tl.int32)
     else:  # "+ zeros": an int argument equal to 1 may arrive as a constexpr; make it a tensor
         rows = rows_u + tl.zeros([], tl.int32)
         cols = cols_u + tl.zeros([], tl.int32)

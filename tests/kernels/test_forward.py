@@ -250,3 +250,40 @@ def test_equal_shapes_with_padding(gen: torch.Generator, device: str) -> None:
     ws = [w.to(device) for w in expert_weights(gen, [(3, 5)] * 3, torch.bfloat16, specials=False)]
     amax = torch.stack([w.float().abs().amax() for w in ws])
     assert_same_bits(kernels.fake_quant_experts(ws, amax, "int8"), reference.fake_quant_experts(ws, amax, "int8"), ws, case="equal_odd")
+
+
+FLAT_SHAPES = [(64, 112), (32, 48), (0, 8), (16, 80)]
+"""Narrow rows whose element counts share a large power of two (flat view 256 wide; NVFP4 blocks
+stay whole: every row is a multiple of 16)."""
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "nvfp4"])
+def test_flat_view_of_narrow_rows(fmt: str, gen: torch.Generator, device: str) -> None:
+    """Per-expert amax: experts with narrow rows are tiled as their flat view ``[rows * cols / W,
+    W]`` (``launch.tiling``), forward and clipped backward, with the reference's bits.  Per-channel
+    amax, and NVFP4 rows that are not whole 16-element blocks, keep their rows."""
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import parse_spec
+
+    spec = parse_spec(fmt, None, {})
+    cases = [(FLAT_SHAPES, False, True)]
+    if fmt == "nvfp4":
+        cases.append(([(64, 40), (32, 24)], False, False))  # 40 and 24 are not whole blocks
+    else:
+        cases.append(([(64, 112), (64, 48), (64, 80)], True, False))  # per channel: one amax per row
+    for shapes, per_channel, flat in cases:
+        ws = [w.to(device) for w in expert_weights(gen, shapes, torch.bfloat16, specials=fmt != "nvfp4")]
+        amax = amax_stack(ws, ["below", "max", "odd", "above"][: len(ws)], per_channel=per_channel).to(device)
+        table = launch.expert_table(ws)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
+        assert launch._fwd_plan(table, spec, torch.bfloat16, per_channel, True, None)[1]["FLAT"] is flat, (shapes, per_channel)
+        got = kernels.fake_quant_experts(ws, amax, fmt)
+        kernels.raise_pending_errors()
+        assert_same_bits(got, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/flat={flat}/per_channel={per_channel}")
+        grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16).to(device) for w in ws]
+        got = kernels.ste_backward_experts(ws, amax, grads, "clipped")
+        assert_same_bits(got, reference.ste_backward_experts(ws, amax, grads, "clipped"), case=f"{fmt}/flat/bwd")
+        x = torch.stack(ws[:1] * 3)  # stacked layout: [3, 64, 112] or [3, 64, 40]
+        a = amax[:1].repeat(3, *([1] * (amax.dim() - 1)))
+        assert_same_bits([kernels.fake_quant(x, a, fmt)], [reference.fake_quant(x, a, fmt)], [x], case=f"{fmt}/flat/stacked")

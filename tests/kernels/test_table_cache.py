@@ -123,5 +123,5 @@ def test_stacked_plans_are_bounded() -> None:
     launch._STACKED.clear()
     x = torch.zeros(launch.STACKED_PLANS + 4, 2, 16, dtype=BF)
     for n in range(1, launch.STACKED_PLANS + 5):
-        launch._stacked_plan(("test", n), x[:n], lambda shapes: ((1, 1), {}))
+        launch._stacked_plan(("test", n), x[:n], lambda shapes: ((1, 1), {}, shapes))
     assert len(launch._STACKED) == launch.STACKED_PLANS and ("test", 1) not in launch._STACKED
