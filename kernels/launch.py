@@ -65,7 +65,8 @@ class KernelConfig:
 # [5120, 8192] (5.4 GB).  With the IEEE scale divisions one tile per program is fastest for INT,
 # FP8 and the backward in every case (Ultra: INT 97.2%, FP8 98.7%, backward 97.3% of copy; before,
 # INT 4 / FP8 8 / backward 2 tiles: 94.9 / 94.6 / 97.0%); NVFP4 is fastest with 2 (or 4) except on
-# the 128-wide tiles of Nano rows (1 tile there is 2-4 points faster).  With the integer divisions
+# the 128-wide tiles of Nano rows (1 tile there was 2-4 points faster, before per-expert launches
+# tiled Nano experts as their 2048-wide flat view: `tiling`).  With the integer divisions
 # a program's scale prologue (two 64-bit divisions, serial) had to be spread over many tiles: at
 # N=8 x Nano, one tile per program gave FP8 75% / NVFP4 60% with it and 93% / 84% without it.
 FWD_CONFIG: dict[int, KernelConfig] = {
