@@ -74,6 +74,23 @@ def _bad_amax(a):
 
 
 @triton.jit
+def _poisoned(s, a, zero, nan_all, CHECK: tl.constexpr):
+    """Checked launches: the scale ``s`` made NaN where the amax ``a`` is bad (per expert: a scalar,
+    per channel: one per row), and the NaN pattern to write where the scaled input is NaN (``0``
+    where the INT scales of a tiny amax write +0, ``zero``, unless the amax is bad).  Every element
+    already tests its scaled input for NaN (NaN input gives the NaN pattern), so a bad amax costs
+    valid input no instruction per element: a select per element there cost the checked call 3-6
+    points of copy bandwidth on an H200, where INT and FP8 run at their arithmetic ceiling."""
+    if CHECK:
+        bad = _bad_amax(a)
+        s = tl.where(bad, float("nan"), s)
+        nanb = tl.where(zero & (bad == 0), tl.zeros_like(nan_all), nan_all)
+    else:
+        nanb = tl.where(zero, tl.zeros_like(nan_all), nan_all)
+    return s, nanb
+
+
+@triton.jit
 def _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL: tl.constexpr):
     """Flag every bad amax entry of expert ``e`` (its ``rows`` entries per channel, else one)."""
     if PER_CHANNEL:
@@ -107,14 +124,14 @@ def _int_scales(a, QMAX: tl.constexpr, INT_DIV: tl.constexpr):
 
 
 @triton.jit
-def _int_magnitude(x, s, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
-    """``|RN(q/s)|`` with ``q = clamp(rint(RN(x*s)), lo, qmax)``.
+def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
+    """``|RN(q/s)|`` with ``q = clamp(rint(xs), lo, qmax)`` from ``xs = RN(x*s)``.
 
     ``q/s`` is evaluated as ``RN(|q| / (256 s)) * 256``: the quotient by ``s2 = 256 s`` is exact in
     the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)`` finite for every finite amax;
     multiplying by 256 overflows exactly when ``RN(q/s)`` does.
     """
-    w = tl.minimum(tl.maximum(x * s, LO), QMAX)  # NaN: the caller writes the NaN pattern
+    w = tl.minimum(tl.maximum(xs, LO), QMAX)  # NaN: the caller writes the NaN pattern
     return int_dequant_magnitude(rne_integer_magnitude(w), s2, r2, EXACT_FMA) * 256.0
 
 
@@ -127,9 +144,9 @@ def _fp8_scales(a, INT_DIV: tl.constexpr):
 
 
 @triton.jit
-def _fp8_magnitude(x, s, inv):
-    """``|RN(e4m3(RN(x*s)) * inv)|`` (e4m3 saturating at 448)."""
-    return round_mag_e4m3(tl.minimum(tl.abs(x) * s, _E4M3_MAX)) * inv
+def _fp8_magnitude(xs, inv):
+    """``|RN(e4m3(RN(x*s)) * inv)|`` (e4m3 saturating at 448) from ``xs = |x| * s``."""
+    return round_mag_e4m3(tl.minimum(xs, _E4M3_MAX)) * inv
 
 
 @triton.jit
@@ -226,12 +243,16 @@ def fake_quant_fwd_kernel(
             a = tl.load(amax_ptr + e * amax_se)
         if FMT == _FMT_NVFP4:
             gd, mult = _nvfp4_scales(a, INT_DIV)
+            if CHECK:
+                bad = _bad_amax(a)
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
+                s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
         else:
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
+                s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
         for k in range(TPP):
             t = p * TPP + k
             if t < n_t:
@@ -241,10 +262,11 @@ def fake_quant_fwd_kernel(
                     bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)  # step 4, exact
                     block_nan = bmax > inf_bits(IO)
                     y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
-                    out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO)
                     if CHECK:
                         _flag_each(flag_ptr, 4, block_nan)
-                        out = tl.where(_bad_amax(a), nan_all, out)
+                        out = f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO)  # per block
+                    else:
+                        out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO)
                 else:
                     tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
@@ -253,21 +275,20 @@ def fake_quant_fwd_kernel(
                         if PER_CHANNEL:
                             a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
                             s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
-                        y = tl.where(zero, 0.0, _int_magnitude(x, s, s2, r2, LO, QMAX, EXACT_FMA))
+                            s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
+                        xs = x * s  # NaN exactly where x is NaN (s > 0 finite), everywhere for a poisoned s
+                        y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
                         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-                        nanb = tl.where(zero, tl.zeros_like(nan_all), nan_all)
-                        out = f32_to_bits(y, bits & smask, x != x, nanb, IO)
+                        out = f32_to_bits(y, bits & smask, xs != xs, nanb, IO)
                         if CHECK:
                             if UNSIGNED:
                                 _flag_each(flag_ptr, 3, (x < 0.0) & mask)
                                 out = tl.where(x < 0.0, nan_all, out)
-                            out = tl.where(_bad_amax(a), nan_all, out)
                     else:
                         if PER_CHANNEL:
                             a = tl.load(amax_ptr + e * amax_se + r * amax_sr, mask=rmask, other=1.0)
                             s, inv = _fp8_scales(a, INT_DIV)
-                        y = _fp8_magnitude(x, s, inv)
-                        out = f32_to_bits(y, bits & sign_all, x != x, nan_all, IO)
-                        if CHECK:
-                            out = tl.where(_bad_amax(a), nan_all, out)
+                            s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
+                        xs = tl.abs(x) * s
+                        out = f32_to_bits(_fp8_magnitude(xs, inv), bits & sign_all, xs != xs, nanb, IO)
                 tl.store(yb + tile0 + offs, out, mask=mask)

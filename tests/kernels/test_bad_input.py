@@ -96,7 +96,9 @@ def test_checked_outputs_are_nan_where_the_input_is_bad(device: str) -> None:
     ws[1][0, 5] = -0.5
     for fmt, opts, amax, bad in (("fp8_e4m3", {}, [float("nan"), 1.0], (0, None)), ("int8", {"unsigned": True}, [1.0, 1.0], (1, (0, 5))),
                                  ("int8", {}, [float("inf"), 1.0], (0, None)), ("int4", {}, [1.0, -1.0], (1, None)),
-                                 ("fp8_e4m3", {}, [1.0, -3.0], (1, None)), ("nvfp4", {}, [1.0, -2.0], (1, None))):  # fmt: skip
+                                 ("fp8_e4m3", {}, [1.0, -3.0], (1, None)), ("int8", {}, [[1.0] * 3, [1.0, 1.0, -1.0]], (1, 2)),
+                                 ("fp8_e4m3", {}, [[1.0, float("inf"), 1.0], [1.0] * 3], (0, 1)),  # per channel: one row
+                                 ("nvfp4", {}, [1.0, -2.0], (1, None))):  # fmt: skip
         if fmt == "nvfp4":
             ws[1] = ws[1].abs()
         a = torch.tensor(amax, device=device)
