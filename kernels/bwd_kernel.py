@@ -22,7 +22,7 @@ def clipped_bwd_kernel(
     x_ptr,  # weight bits: stacked [N, rows, cols]; list: base, expert e at x_ptr + meta[0, e]
     g_ptr,  # gradient bits: stacked; list: base, expert e at g_ptr + meta[4, e]
     o_ptr,  # output gradient bits: stacked; list: one buffer, expert e at o_ptr + meta[1, e]
-    meta_ptr,  # list: int64 [5, N] (see kernels/tiles.py)
+    meta_ptr,  # list: int64 [7, N] (see kernels/tiles.py)
     amax_ptr,
     amax_se,
     amax_sr,
