@@ -101,6 +101,9 @@ def _sm_count(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_MIN_BC = 16
+
+
 def tile_for(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, device: torch.device) -> TileShape:
     """The tile geometry (and tiles per program) a launch over ``shapes`` uses."""
     tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
@@ -123,7 +126,6 @@ def tiling(shapes: Sequence[tuple[int, int]], flat: int, cfg: KernelConfig, devi
         if ftile.bc > tile.bc:
             return True, fs, ftile
     return False, list(shapes), tile
-_MIN_BC = 16
 
 
 _PAD_ELEMS = 64  # every expert's output starts on a 64-element boundary: >= 128 bytes for any dtype
