@@ -15,14 +15,14 @@ written in place between calls is always the one used and checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 
-@dataclass(frozen=True)
-class AmaxView:
-    """fp32 amax buffer plus strides; ``per_channel`` tells the kernel to read one value per row."""
+class AmaxView(NamedTuple):
+    """fp32 amax buffer plus strides; ``per_channel`` tells the kernel to read one value per row
+    (a tuple: built on every call, at a third of a frozen dataclass's cost)."""
 
     data: torch.Tensor
     se: int
@@ -66,6 +66,9 @@ def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, 
 
 def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device, *, nvfp4: bool) -> AmaxView:
     """amax for one tensor ``[..., out, in]`` viewed as ``[N, out, in]`` (``N`` = product of leads)."""
+    if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and amax.dim() == 1 and len(shape) == 3 \
+            and amax.shape[0] == shape[0]:  # fmt: skip
+        return AmaxView(amax, amax.stride(0), 0, False)  # the usual per-expert [N] of an [N, out, in] weight, without a reshape
     a = _as_fp32(amax, device)
     s = tuple(a.shape)
     lead = tuple(shape[:-2]) if len(shape) >= 2 else ()

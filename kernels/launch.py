@@ -406,21 +406,30 @@ def _stacked_vec(x: torch.Tensor, cols: int) -> int:
     return vec if cols % vec == 0 else 1
 
 
-def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], args: tuple, kw: dict, device: torch.device):
-    """``jit_fn[grid](*args, **kw)``; on a GPU, later launches with the same ``fkey`` (everything
-    Triton specialises on: dtypes, pointer alignment, integer values) call the compiled kernel's
-    launcher directly, skipping Triton's per-call argument binding and cache-key hashing (the same
-    ``run(...)`` call ``JITFunction.run`` makes, with every parameter in signature order)."""
+def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], raw: tuple, typed: Callable[[], tuple], kw: dict, device: torch.device):
+    """One launch of ``jit_fn`` over ``grid``.
+
+    The first launch with a given ``fkey`` (everything Triton specialises on: dtypes, pointer
+    alignment, integer values) goes through the JIT, ``jit_fn[grid](*typed(), **kw)``, with typed
+    tensors (the raw bits views that fix the pointer types).  On a GPU, later launches with that
+    ``fkey`` call the compiled kernel's launcher directly with ``raw``: the same arguments in
+    signature order, device pointers as Python ints (the launcher takes an int as the address
+    itself; a tensor costs a ``data_ptr()`` call and a driver pointer query per argument).  This
+    skips Triton's per-call argument binding and cache-key hashing, the dtype views and the
+    pointer queries.  ``raw`` keeps a tensor only where its device address must come from the
+    driver (the mapped host flags of ``kernels/checks.py``)."""
     fast = plans.get(fkey)
     if fast is not None:
         compiled, consts, knobs = fast
         stream = torch._C._cuda_getCurrentRawStream(device.index)
-        full = (*args, *consts)
+        full = (*raw, *consts)
         md = compiled.launch_metadata(grid, stream, *full)
         compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, md,
                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # fmt: skip
         return compiled
-    compiled = jit_fn[grid](*args, **kw)
+    args = typed()
+    with _quiet(device):
+        compiled = jit_fn[grid](*args, **kw)
     if device.type == "cuda" and FAST_LAUNCH and compiled is not None and hasattr(compiled, "packed_metadata"):
         try:
             from triton import knobs
@@ -432,12 +441,21 @@ def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], args: tuple
     return compiled
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel(which: str):
+    """The forward or backward ``triton.jit`` function, imported on first use (importing this
+    module does not import Triton; an import statement per call costs about a microsecond)."""
+    if which == "fwd":
+        from .fwd_kernel import fake_quant_fwd_kernel
+
+        return fake_quant_fwd_kernel
+    from .bwd_kernel import clipped_bwd_kernel
+
+    return clipped_bwd_kernel
+
+
 FAST_LAUNCH = True
 """Reuse compiled kernels' launchers directly (GPU only); ``False`` always goes through the JIT."""
-
-
-def _align(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0
 
 
 def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_channel: bool, check: bool, config: KernelConfig | None):
@@ -467,18 +485,20 @@ def fwd_list(
     """Fake-quantize the experts ``xs`` of ``table`` into ``out_flat`` (from ``alloc_outputs``), one
     launch.  ``check``: ``True`` (asynchronous), ``"sync"`` or ``False`` (see ``kernels/checks.py``).
     Returns what the Triton launch returns (the compiled kernel on a GPU)."""
-    from .fwd_kernel import fake_quant_fwd_kernel
-
+    fake_quant_fwd_kernel = _kernel("fwd")
     x0 = xs[table.base]
     device = table.device
     await_table(table)
     grid, kw = _fwd_plan(table, spec, x0.dtype, amax.per_channel, bool(check), config)
     flags = checks.flags_for(device, check)
-    args = (_bits(x0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, _dummy(device) if flags is None else flags,
-            len(table.shapes), 0, 0)  # fmt: skip
-    fkey = ("fast", grid, id(kw), _align(amax.data), amax.se, amax.sr, _align(out_flat))
-    with _quiet(device):
-        compiled = _launch(fake_quant_fwd_kernel, table.plans, fkey, grid, args, kw, device)
+    fl = _dummy(device) if flags is None else flags
+    a = amax.data
+    ap, op = a.data_ptr(), out_flat.data_ptr()
+    n = len(table.shapes)
+    raw = (x0.data_ptr(), op, table.meta.data_ptr(), ap, amax.se, amax.sr, fl if flags is not None else fl.data_ptr(), n, 0, 0)
+    fkey = ("fast", grid, id(kw), ap % 16 == 0, amax.se, amax.sr, op % 16 == 0)
+    compiled = _launch(fake_quant_fwd_kernel, table.plans, fkey, grid, raw,
+                       lambda: (_bits(x0), _bits(out_flat), table.meta, a, amax.se, amax.sr, fl, n, 0, 0), kw, device)  # fmt: skip
     if flags is not None:
         checks.after_launch(flags, device, check)
     return compiled
@@ -508,8 +528,7 @@ def fwd_stacked(
     x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool | str, config: KernelConfig | None = None
 ) -> None:
     """Fake-quantize contiguous ``x`` viewed as ``[N, rows, cols]`` into ``out`` in one launch."""
-    from .fwd_kernel import fake_quant_fwd_kernel
-
+    fake_quant_fwd_kernel = _kernel("fwd")
     device = x.device
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
@@ -523,10 +542,12 @@ def fwd_stacked(
     grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
     flags = checks.flags_for(device, check)
     fl = _dummy(device) if flags is None else flags
-    args = (_bits(x), _bits(out), fl, amax.data, amax.se, amax.sr, fl, n, rows, cols)
-    fkey = ("fast", _align(x), _align(out), _align(fl), _align(amax.data), amax.se, amax.sr)
-    with _quiet(device):
-        _launch(fake_quant_fwd_kernel, fast, fkey, grid, args, kw, device)
+    a = amax.data
+    xp, op, ap = x.data_ptr(), out.data_ptr(), a.data_ptr()
+    flp = fl if flags is not None else fl.data_ptr()
+    raw = (xp, op, flp, ap, amax.se, amax.sr, flp, n, rows, cols)
+    fkey = ("fast", xp % 16 == 0, op % 16 == 0, flags is None, ap % 16 == 0, amax.se, amax.sr)
+    _launch(fake_quant_fwd_kernel, fast, fkey, grid, raw, lambda: (_bits(x), _bits(out), fl, a, amax.se, amax.sr, fl, n, rows, cols), kw, device)
     if flags is not None:
         checks.after_launch(flags, device, check)
 
@@ -554,23 +575,24 @@ def bwd_list(
     config: KernelConfig | None = None,
 ) -> None:
     """Clipped STE backward for the experts of ``table`` (built with ``grads``), one launch."""
-    from .bwd_kernel import clipped_bwd_kernel
-
+    clipped_bwd_kernel = _kernel("bwd")
     x0, g0 = xs[table.base], grads[table.base]
     await_table(table)
     grid, kw = _bwd_plan(table, x0.dtype, amax.per_channel, config)
-    args = (_bits(x0), _bits(g0), _bits(out_flat), table.meta, amax.data, amax.se, amax.sr, len(table.shapes), 0, 0)
-    fkey = ("fast", grid, id(kw), _align(amax.data), amax.se, amax.sr, _align(out_flat))
-    with _quiet(table.device):
-        _launch(clipped_bwd_kernel, table.plans, fkey, grid, args, kw, table.device)
+    a = amax.data
+    ap, op = a.data_ptr(), out_flat.data_ptr()
+    n = len(table.shapes)
+    raw = (x0.data_ptr(), g0.data_ptr(), op, table.meta.data_ptr(), ap, amax.se, amax.sr, n, 0, 0)
+    fkey = ("fast", grid, id(kw), ap % 16 == 0, amax.se, amax.sr, op % 16 == 0)
+    _launch(clipped_bwd_kernel, table.plans, fkey, grid, raw,
+            lambda: (_bits(x0), _bits(g0), _bits(out_flat), table.meta, a, amax.se, amax.sr, n, 0, 0), kw, table.device)  # fmt: skip
 
 
 def bwd_stacked(
     x: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, amax: AmaxView, *, config: KernelConfig | None = None
 ) -> None:
     """Clipped STE backward for one contiguous tensor viewed as ``[N, rows, cols]``."""
-    from .bwd_kernel import clipped_bwd_kernel
-
+    clipped_bwd_kernel = _kernel("bwd")
     device = x.device
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
@@ -584,7 +606,9 @@ def bwd_stacked(
 
     pkey = ("bwd", x.shape, x.dtype, grad.dtype, device, amax.per_channel, config)
     grid, kw, (n, rows, cols), fast = _stacked_plan(pkey, x, make)
-    args = (_bits(x), _bits(grad), _bits(out), grad, amax.data, amax.se, amax.sr, n, rows, cols)
-    fkey = ("fast", _align(x), _align(grad), _align(out), _align(amax.data), amax.se, amax.sr)
-    with _quiet(device):
-        _launch(clipped_bwd_kernel, fast, fkey, grid, args, kw, device)
+    a = amax.data
+    xp, gp, op, ap = x.data_ptr(), grad.data_ptr(), out.data_ptr(), a.data_ptr()
+    raw = (xp, gp, op, gp, ap, amax.se, amax.sr, n, rows, cols)
+    fkey = ("fast", xp % 16 == 0, gp % 16 == 0, op % 16 == 0, ap % 16 == 0, amax.se, amax.sr)
+    _launch(clipped_bwd_kernel, fast, fkey, grid, raw, lambda: (_bits(x), _bits(grad), _bits(out), grad, a, amax.se, amax.sr, n, rows, cols),
+            kw, device)  # fmt: skip

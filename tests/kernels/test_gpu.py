@@ -355,3 +355,37 @@ def test_repeated_stacked_calls_launch_directly_with_the_reference_bits(fmt: str
                 got = kernels.ste_backward(x, amax, grad, "clipped")
                 assert_same_bits([got], [reference.ste_backward(x, amax, grad, "clipped")], case=f"{fmt}/stacked-direct/bwd")
     assert all(plan[3] for plan in launch._STACKED.values()), "every stacked plan took the direct launch"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8_e4m3", "nvfp4"])
+def test_repeated_list_calls_launch_directly_with_the_reference_bits(fmt: str) -> None:
+    """List calls after the first on a table take the compiled kernel's launcher with raw device
+    addresses (``launch._launch``): new output buffers, new amax tensors (one off 16-byte alignment:
+    its own fast-launch key), per-channel amax and every check mode keep the reference's bits,
+    forward and clipped backward, and a bad amax found by a direct launch is still raised."""
+    from moe_fq_parity.kernels import launch
+
+    g = torch.Generator(device="cuda").manual_seed(12)
+    launch.clear_table_cache()
+    ws = [torch.randn(rows, 96, device="cuda", generator=g).to(torch.bfloat16) for rows in (64, 64, 64)]
+    grads = [torch.randn(w.shape, device="cuda", generator=g).to(torch.bfloat16) for w in ws]
+    spare = torch.tensor([9.0, 0.5, 1.0, 2.0], device="cuda")
+    amaxes = [torch.tensor([0.5, 1.0, 2.0], device="cuda"), spare[1:], torch.tensor([3.0, 0.0, 1.5], device="cuda")]
+    if fmt != "nvfp4":
+        amaxes.append(torch.rand(3, 64, device="cuda", generator=g) + 0.1)
+    for amax in amaxes:
+        for check in (True, False, "sync"):
+            for _ in range(2):  # the second call of each goes through the direct launch
+                got = kernels.fake_quant_experts(ws, amax, fmt, check_values=check)
+                kernels.raise_pending_errors()
+                assert_same_bits(got, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/list-direct/{check}")
+        for _ in range(2):
+            got = kernels.ste_backward_experts(ws, amax, grads, "clipped")
+            assert_same_bits(got, reference.ste_backward_experts(ws, amax, grads, "clipped"), case=f"{fmt}/list-direct/bwd")
+    tables = list(launch._TABLES.values())
+    assert len(tables) == 2, f"{len(tables)} tables for one expert list with and without gradients"
+    assert all(any(k[0] == "fast" for k in t.plans) for t in tables), "every table's launches took the direct launch"
+    bad = torch.tensor([1.0, float("nan"), 1.0], device="cuda")
+    kernels.fake_quant_experts(ws, bad, fmt)  # direct launch (the table and plan exist): the flags are mapped host memory
+    with pytest.raises(ValueError, match="amax is NaN"):
+        kernels.raise_pending_errors()
