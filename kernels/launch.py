@@ -423,9 +423,10 @@ def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], raw: tuple,
         compiled, consts, knobs = fast
         stream = torch._C._cuda_getCurrentRawStream(device.index)
         full = (*raw, *consts)
-        md = compiled.launch_metadata(grid, stream, *full)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, md,
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # fmt: skip
+        runtime = knobs.runtime
+        enter = runtime.launch_enter_hook  # read per launch: a profiler may set the hooks at any time
+        md = None if enter is None else compiled.launch_metadata(grid, stream, *full)  # what launch_metadata returns without a hook
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, md, enter, runtime.launch_exit_hook, *full)
         return compiled
     args = typed()
     with _quiet(device):
