@@ -125,10 +125,10 @@ def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], st
     return pics, aggregate
 
 
-def _bandwidth(records: list[dict[str, Any]], copy_gbps: float | None) -> str | None:
+def _bandwidth(records: list[dict[str, Any]], copy_gbps: float | None, copy_curve: list | None = None) -> str | None:
     pts = [(r["backend"], _expert_shape(r["case_id"]), r["perf"]["bytes_moved"], r["perf"]["pct_of_copy"])
            for r in records if r["check"] == "perf" and r.get("perf")]  # fmt: skip
-    return bandwidth_vs_bytes_png(pts, copy_gbps)
+    return bandwidth_vs_bytes_png(pts, copy_gbps, copy_curve)
 
 
 def _expert_shape(case_id: str) -> str:
@@ -174,7 +174,7 @@ def render_html(report: dict[str, Any]) -> str:
         max_not_checked=MAX_NOT_CHECKED,
         histograms=pics,
         aggregate_png=aggregate,
-        bandwidth_png=_bandwidth(records, report["meta"].get("copy_gbps")),
+        bandwidth_png=_bandwidth(records, report["meta"].get("copy_gbps"), report["meta"].get("copy_curve")),
         hist_labels=hist_labels(),
         sections=report["sections"],
         section_skips={sec["name"]: _section_skip_groups(sec) for sec in report["sections"]},

@@ -37,9 +37,12 @@ def ulp_histogram_png(hist: Sequence[int], title: str, *, small: bool = True) ->
     return _png(fig)
 
 
-def bandwidth_vs_bytes_png(points: Iterable[tuple[str, str, int, float]], copy_gbps: Optional[float]) -> Optional[str]:
+def bandwidth_vs_bytes_png(points: Iterable[tuple[str, str, int, float]], copy_gbps: Optional[float],
+                          copy_curve: Optional[Sequence[Sequence[float]]] = None) -> Optional[str]:
     """% of copy bandwidth against bytes moved (log scale), one line per (backend, expert shape);
     each point is the median over the formats timed at that size (the public default call).
+    ``copy_curve`` (``meta.copy_curve``: ``[bytes, us]`` pairs) adds the device copy itself timed
+    the same way: the most a call of that size can show under this timer.
 
     ``points``: ``(backend, expert_shape, bytes_moved, pct_of_copy)``.  ``None`` when there is
     nothing to plot (no perf record, or no copy bandwidth to compare with).
@@ -56,6 +59,11 @@ def bandwidth_vs_bytes_png(points: Iterable[tuple[str, str, int, float]], copy_g
         ys = [sorted(pts[x])[len(pts[x]) // 2] for x in xs]
         ax.plot(xs, ys, marker="o", label=f"{backend} {shape}")
     ax.axhline(100.0, linestyle="--", color="grey", label=f"copy {copy_gbps:.0f} GB/s")
+    if copy_curve:
+        lo, hi = min(min(p) for p in series.values()), max(max(p) for p in series.values())
+        pts = [(b, 100.0 * b / (us * 1e-6) / 1e9 / copy_gbps) for b, us in copy_curve if lo / 4 <= b <= hi * 4 and us > 0]
+        if pts:
+            ax.plot([b for b, _ in pts], [p for _, p in pts], linestyle=":", color="black", label="device copy, same timer")
     ax.set_xscale("log")
     ax.set_ylim(0, 110)
     ax.set_xlabel("bytes moved (read + write)")

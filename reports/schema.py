@@ -17,14 +17,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 """1.1: check "invariant.recalibrate".  1.2: record ``outcome`` (``checked``/``oom``), ``peak_bytes``,
 ``case_bytes``; ``meta.shard`` (a shard of a sharded run) and ``meta.merged`` (a merged report).
 1.3: strict JSON -- a non-finite float anywhere in the report is the string ``"nan"``, ``"inf"`` or
 ``"-inf"`` (never a bare ``NaN``/``Infinity`` token); the element class ``nan_bits`` (NaN with other
 bits than the reference's, counted only under ``--nan-bits strict``), offender ``expected_bits`` /
-``got_bits`` (hex) and a ``null`` offender input, ``meta.nan_bits``.  Reports of 1.0-1.2 still load (every later
-field is optional; bare non-finite tokens in old files are read as floats)."""
+``got_bits`` (hex) and a ``null`` offender input, ``meta.nan_bits``.  1.4: ``meta.copy_curve`` (device copies
+from 4 KiB to 2 GiB timed as the perf samples) and perf ``copy_same_us`` / ``pct_of_same_copy`` (the call
+against a copy of its size).  Reports of 1.0-1.3 still load (every later field is optional; bare
+non-finite tokens in old files are read as floats)."""
 SCHEMA_PATH = Path(__file__).with_name("schema") / "report.schema.json"
 
 VERDICTS = ("pass", "fail", "skip")

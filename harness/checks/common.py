@@ -34,6 +34,8 @@ class CheckContext:
     ``None``: measure from the start of each check."""
     nan_bits: str = DEFAULT_NAN_BITS
     """NaN policy of every comparison (``harness.core.equality``): ``any`` or ``strict``."""
+    copy_curve: Optional[tuple[tuple[int, float], ...]] = None
+    """The run's copy timings (``harness.core.timing.copy_curve``): the perf check's same-size copy."""
 
     @property
     def case(self):

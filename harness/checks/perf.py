@@ -11,6 +11,12 @@ outputs, timed then, so the baseline costs no extra call).
 Samples are queued back to back as ``kernels.bench`` times them (``harness.core.timing.time_call``),
 so the public call's time is its device time wherever the host keeps ahead of the device.
 
+Every record also gives the call against a device copy of its size timed the same way
+(``copy_same_us``, ``pct_of_same_copy``; the run's ``meta.copy_curve`` interpolated): under this
+timer a small call cannot reach the run's copy bandwidth (launch latency and the write-back of the
+flush's dirty L2 lines are in every sample; on one H100 a copy moving 160 MB reaches 91% of it), so
+``pct_of_same_copy`` tells a kernel that is slow from a size that is.
+
 Cost per case (kernel backend): 12 calls of the default entry (2 warm-up, 10 timed, each after a
 256 MiB L2 flush) and 11 host-timed default calls; cases of at least ``DETAIL_BYTES`` also 6 each of
 the unchecked and kernel entries (1 warm-up, 5 timed).
@@ -77,12 +83,19 @@ def check_perf(ctx: CheckContext, forward_verdict: str, loop_us: Optional[float]
     gbps = inputs.nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
     pct = 100.0 * gbps / ctx.copy_gbps if ctx.copy_gbps else None
     pct_of = lambda us: 100.0 * inputs.nbytes / (us * 1e-6) / 1e9 / ctx.copy_gbps if ctx.copy_gbps and us else None  # noqa: E731
-    if extra:
+    if ctx.copy_curve and t_us > 0:
+        from moe_fq_parity.harness.core.timing import copy_us_at
+
+        same = copy_us_at(ctx.copy_curve, inputs.nbytes)
+        extra.update(copy_same_us=same, pct_of_same_copy=100.0 * same / t_us)
+    if "host_us" in extra:
         extra.update(pct_kernel=pct_of(extra["kernel_us"]), pct_unchecked=pct_of(extra["unchecked_us"]),
                      speedup_vs_loop=extra["loop_us"] / t_us if extra.get("loop_us") and t_us > 0 else None)  # fmt: skip
     perf = Perf(time_us=t_us, gbps=gbps, pct_of_copy=pct, timer=f"{timer}; {entry}", samples_us=tuple(samples), bytes_moved=inputs.nbytes, **extra)
     msg = f"{entry}: {t_us:.1f} us, {gbps:.2f} GB/s" + (f", {pct:.0f}% of copy" if pct is not None else "")
-    if extra:
+    if extra.get("pct_of_same_copy") is not None:
+        msg += f" ({extra['pct_of_same_copy']:.0f}% of a same-size copy, {extra['copy_same_us']:.1f} us)"
+    if "host_us" in extra:
         side = f"kernel {extra['kernel_us']:.1f} us, checks off {extra['unchecked_us']:.1f} us, " if extra.get("kernel_us") is not None else ""
         msg += (f"; {side}host {extra['host_us']:.1f} us/call"
                 + (f", {extra['speedup_vs_loop']:.1f}x the per-expert eager loop" if extra.get("speedup_vs_loop") else ""))  # fmt: skip

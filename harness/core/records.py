@@ -78,6 +78,13 @@ class Perf:
     pct_unchecked: Optional[float] = None
     speedup_vs_loop: Optional[float] = None
     """``loop_us / time_us``: the public call against the per-expert eager loop."""
+    copy_same_us: Optional[float] = None
+    """A device copy moving ``bytes_moved`` under the same timer (the run's copy curve, interpolated:
+    ``harness.core.timing.copy_us_at``): what this call would take were it a copy."""
+    pct_of_same_copy: Optional[float] = None
+    """``100 * copy_same_us / time_us``: the call against a copy of its size timed the same way
+    (launch latency and L2 flush included in both), where ``pct_of_copy`` compares with the run's
+    largest copy."""
 
 
 @dataclass(frozen=True)

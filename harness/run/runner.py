@@ -29,6 +29,7 @@ from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
 from moe_fq_parity.harness.core.guard import Terminated
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
+from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
 from moe_fq_parity.harness import sections as report_sections
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
@@ -157,8 +158,9 @@ def _input_failure(case: Case, backend: LoadedBackend, seed: int, exc: BaseExcep
 
 
 def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
-                  copy_gbps: Optional[float], phases: dict[str, float]) -> list[CheckRecord]:
+                  curve: Optional[CopyCurve], phases: dict[str, float]) -> list[CheckRecord]:
     """Every record of ``case`` on the backends of one device; the case's tensors are dropped on return.
+    ``curve``: the run's copy timings (``harness.core.timing.copy_curve``; ``None``: perf is off).
 
     Out of memory while building the inputs or the reference outputs gives ``oom`` records (the
     memory is released first, so the message's "free" is what the next case gets).  ``phases``
@@ -191,7 +193,8 @@ def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBac
     recs: list[CheckRecord] = []
     t0 = time.perf_counter()
     for b in group:
-        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, copy_gbps, mem_base=base, nan_bits=cfg.nan_bits)
+        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, curve_gbps(curve) if curve else None, mem_base=base,
+                           nan_bits=cfg.nan_bits, copy_curve=curve)  # fmt: skip
         recs += run_case_checks(ctx, checks, expected)
     phases["checks"] += time.perf_counter() - t0
     phases["backend_calls"] += sum(r.duration_s for r in recs)
@@ -202,7 +205,7 @@ PHASES = ("inputs", "reference", "checks", "backend_calls", "report_writes", "se
 """Keys of ``meta.phase_s``: where a run's wall time went (``backend_calls`` is part of ``checks``)."""
 
 
-def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float], phases: dict[str, float]) -> None:
+def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve], phases: dict[str, float]) -> None:
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -216,7 +219,7 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, copy_gbps: Optional[float],
         for b in runnable:
             by_device.setdefault(b.device or "cpu", []).append(b)
         for device, group in by_device.items():
-            recs = _case_records(cfg, case, device, group, checks, copy_gbps, phases)
+            recs = _case_records(cfg, case, device, group, checks, curve, phases)
             failures += sum(r.verdict == "fail" for r in recs)
             phases["report_writes"] = writer.write_s
             phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
@@ -245,13 +248,12 @@ def run(cfg: RunConfig) -> int:
 def _run_locked(cfg: RunConfig) -> int:
     started_at = time.perf_counter()
     device = _run_device(cfg.backends)
-    copy_gbps = None
+    copy_gbps, curve = None, None
     if cfg.perf:
-        from moe_fq_parity.harness.core.timing import copy_bandwidth_gbps
-
-        copy_gbps = copy_bandwidth_gbps(device)
+        curve = copy_curve(device)
+        copy_gbps = curve_gbps(curve)
     meta = run_meta(device) | {
-        "copy_gbps": copy_gbps, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}), "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
+        "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve] if curve else None, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}), "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
         "backends": [b.to_json() for b in cfg.backends], "cases": [c.id for c in cfg.cases], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits, "started": now_iso(),
         "finished": None, "source": "cli", "argv": list(cfg.argv), "cases_planned": len(cfg.cases), "timeout_s": cfg.timeout_s,
     }
@@ -267,7 +269,7 @@ def _run_locked(cfg: RunConfig) -> int:
         with report_sections.start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
             writer.write_html()
             phases["_before_cases"] = time.perf_counter() - started_at
-            _run_cases(cfg, writer, copy_gbps, phases)
+            _run_cases(cfg, writer, curve, phases)
             t0 = time.perf_counter()
 
             def section_done(done: list[dict], last: dict) -> None:

@@ -125,6 +125,8 @@ def test_a_report_with_perf_records_validates_and_compares(tmp_path):
     the schema, so ``compare`` and ``merge`` read them; the timer names the clock and the entry."""
     import json
 
+    import pytest
+
     from moe_fq_parity.harness.run.cli import main
     from moe_fq_parity.reports.schema import load
 
@@ -134,11 +136,15 @@ def test_a_report_with_perf_records_validates_and_compares(tmp_path):
     report = load(tmp_path / "a" / "report.json")
     timers = [r["perf"]["timer"] for r in report["records"] if r.get("perf")]
     assert timers and all(t.startswith("perf_counter; ") for t in timers), timers
+    curve = report["meta"]["copy_curve"]  # the copies from 4 KiB up; the last is the copy bandwidth's
+    assert [b for b, _ in curve] == sorted(b for b, _ in curve) and curve[0][0] == 4096
+    assert report["meta"]["copy_gbps"] == pytest.approx(curve[-1][0] / (curve[-1][1] * 1e-6) / 1e9)
+    perf = next(r for r in report["records"] if r.get("perf"))
+    assert perf["perf"]["pct_of_same_copy"] == pytest.approx(100 * perf["perf"]["copy_same_us"] / perf["perf"]["time_us"])
+    assert "% of a same-size copy" in perf["message"]
     assert main(["compare", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "report.json"), "--threshold", "1000"]) == 0
     bad = json.loads((tmp_path / "a" / "report.json").read_text())
     next(r for r in bad["records"] if r.get("perf"))["perf"]["timer"] = "stopwatch"
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    import pytest
-
     with pytest.raises(ValueError, match="does not follow report schema"):
         load(tmp_path / "bad.json")
