@@ -385,6 +385,18 @@ def test_repeated_list_calls_launch_directly_with_the_reference_bits(fmt: str) -
     tables = list(launch._TABLES.values())
     assert len(tables) == 2, f"{len(tables)} tables for one expert list with and without gradients"
     assert all(any(k[0] == "fast" for k in t.plans) for t in tables), "every table's launches took the direct launch"
+    knobs = pytest.importorskip("triton").knobs
+    seen: list = []
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # a profiler's launch hook still sees direct launches, with their metadata
+        hook = lambda md: seen.append(md.get()["name"])  # noqa: E731
+        chain.add(hook)
+        try:
+            kernels.fake_quant_experts(ws, amaxes[0], fmt)
+        finally:
+            chain.remove(hook)
+        kernels.fake_quant_experts(ws, amaxes[0], fmt)
+        assert seen == ["fake_quant_fwd_kernel"], seen
     bad = torch.tensor([1.0, float("nan"), 1.0], device="cuda")
     kernels.fake_quant_experts(ws, bad, fmt)  # direct launch (the table and plan exist): the flags are mapped host memory
     with pytest.raises(ValueError, match="amax is NaN"):
