@@ -444,8 +444,9 @@ def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], raw: tuple,
 
 def _hook(hook):
     """A launch hook as the launcher should get it: ``None`` for none, or for an empty hook chain
-    (Triton keeps a ``HookChain`` object where no hook is registered; passing it costs every launch
-    a launch-metadata dict and a call of the empty chain, about 2 us on an H100 host)."""
+    (Triton keeps a ``HookChain`` object where no hook is registered; passed as it is, every launch
+    builds a launch-metadata dict and calls the empty chain).  On one H100 host the saving was
+    below the host's run-to-run noise (1,000-call medians 23-74 us either way, N=8)."""
     return None if hook is None or getattr(hook, "calls", None) == [] else hook
 
 
