@@ -11,9 +11,11 @@ for every format and the clipped backward:
   checks on, the default; ``ste_backward_experts(..., "clipped")``), ``do_bench`` median (L2
   flushed before each call; host time included wherever the host is the slower side);
 * ``unchecked``: the public call with ``check_values=False``;
-* ``copy_same``: a device copy moving the case's bytes (forward and backward), timed as the public
-  call is (``do_bench``, L2 flushed): the most a call of that size can show under that timer (on
-  one H100, 91% of copy at the 160 MB of Nano N=8, 99% at 705 MB);
+* ``copy_same``: a device copy moving the case's bytes (forward and backward), timed with the L2
+  flushed before it as the public call is: the run's copy curve (``harness.core.timing.copy_curve``,
+  the perf check's too; its largest copy gives the copy bandwidth) at those bytes; the most a call
+  of that size can show under that timer (on one H100, 91% of copy at the 160 MB of Nano N=8, 98-99%
+  from 705 MB);
 * ``host_us``: host time of one public default call (``perf_counter``, median of ``--host-reps``
   calls, each started on an idle device);
 * ``speedup_vs_loop``: the per-expert eager loop (``reference.fake_quant_experts``, the baseline;
@@ -47,6 +49,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from moe_fq_parity.harness.core.timing import copy_curve, copy_us_at, curve_gbps
 
 from .formats import FORMATS, parse_spec  # FORMATS: what the kernels implement, each timed
 
@@ -92,26 +96,6 @@ class CaseResult:
     pct_copy_same: dict[str, float] = field(default_factory=dict)
     eager_loop_ms: dict[str, float | None] = field(default_factory=dict)
     speedup_vs_loop: dict[str, float] = field(default_factory=dict)
-
-
-def copy_bandwidth_gbps(gib: float = 2.0) -> float:
-    """Device-to-device ``copy_`` of ``gib`` GiB, (read + write) bytes / median time."""
-    from triton.testing import do_bench
-
-    n = int(gib * 2**30) // 2
-    src = torch.randn(n, device="cuda").to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() * src.element_size() / ms / 1e6
-
-
-def copy_ms(nbytes: int) -> float:
-    """A device copy moving ``nbytes`` (half read, half written), timed as the public call is."""
-    src = torch.ones(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _api_ms(lambda: dst.copy_(src))
-    del src, dst
-    return ms
 
 
 def make_experts(n: int, shape: tuple[int, int], seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -232,16 +216,17 @@ def _pct(nbytes: int, ms: float, copy_gbps: float) -> float:
     return 100.0 * nbytes / ms / 1e6 / copy_gbps
 
 
-def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None) -> CaseResult:
+def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args, configs: dict | None = None, curve=None) -> CaseResult:
+    """One case's row; ``curve`` (``harness.core.timing.copy_curve``) gives its same-size copy."""
     from moe_fq_parity import reference
 
     from . import api
 
     numel = n * shape[0] * shape[1]
     res = CaseResult(name, n, shape, 4 * numel, 6 * numel)
-    if not configs:
+    if curve:
         for key, nbytes in (("fwd", res.bytes_fwd), ("bwd", res.bytes_bwd)):
-            res.copy_same_ms[key] = ms = copy_ms(nbytes)
+            res.copy_same_ms[key] = ms = copy_us_at(curve, nbytes) / 1e3
             res.pct_copy_same[key] = _pct(nbytes, ms, copy_gbps)
     sets = [make_experts(n, shape, seed=k) for k in range(_copies(res.bytes_fwd))]
     runner = KernelRunner(sets)
@@ -637,10 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     t0 = time.time()
-    copy_gbps = copy_bandwidth_gbps()
+    curve = copy_curve(torch.device("cuda"))  # the perf check's yardsticks: one truth for both
+    copy_gbps = curve_gbps(curve)
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbps:.0f} GB/s", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_gbps": copy_gbps, "command": "python -m moe_fq_parity.kernels.bench " + " ".join(argv or [])}  # fmt: skip
+                    "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve], "command": "python -m moe_fq_parity.kernels.bench " + " ".join(argv or [])}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     save = lambda: (args.out / "bench.json").write_text(dumps(report))  # noqa: E731
     configs = None  # the table times the defaults of kernels/launch.py (what the public call uses)
@@ -664,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
         if args.max_cases and i >= args.max_cases:
             break
-        results.append(bench_case(name, n, shape, copy_gbps, args, configs))
+        results.append(bench_case(name, n, shape, copy_gbps, args, configs, curve))
         print(table_row(results[-1]) + f"  ({time.time() - t0:.0f}s)", flush=True)
         report["cases"] = [asdict(r) for r in results]
         save()  # partial results survive a timeout

@@ -58,6 +58,12 @@ COPY_CURVE_MIN_BYTES = 4 << 10
 """Smallest copy of the curve (bytes read + written); each next point moves 4x more."""
 
 
+_GAP = 3 << 20
+"""Bytes between a copy's source and destination: their distance is then no power of two (one H100
+copied 512 MiB between two back-to-back 512 MiB buffers at 84-85% of its copy bandwidth, and at 98%
+with any other size)."""
+
+
 def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
     """Median time (us) of a device-to-device copy moving ``b`` bytes (``b/2`` read, ``b/2`` written)
     for ``b`` = 4 KiB, 16 KiB, ... and ``max_bytes`` (2 GiB on CUDA, 128 MiB on CPU), each timed as
@@ -69,8 +75,9 @@ def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
     Memory: one source and one destination of ``max_bytes / 2`` each, sliced for the smaller copies
     (the same 2 GiB as the single copy it replaces); time: about 30 ms on an H100."""
     max_bytes = max_bytes or ((1 << 31) if device.type == "cuda" else (128 << 20))
-    src = torch.ones(max_bytes // 2, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
+    half = max_bytes // 2
+    buf = torch.ones(2 * half + _GAP, dtype=torch.uint8, device=device)
+    src, dst = buf[:half], buf[half + _GAP :]
     sizes, b = [], COPY_CURVE_MIN_BYTES
     while b < max_bytes:
         sizes.append(b)
