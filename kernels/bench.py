@@ -14,8 +14,8 @@ for every format and the clipped backward:
 * ``copy_same``: a device copy moving the case's bytes (forward and backward), timed with the L2
   flushed before it as the public call is: the run's copy curve (``harness.core.timing.copy_curve``,
   the perf check's too; its largest copy gives the copy bandwidth) at those bytes; the most a call
-  of that size can show under that timer (on one H100, 91% of copy at the 160 MB of Nano N=8, 98-99%
-  from 705 MB);
+  of that size can show under that timer, a guide rather than a bound (on one H100, 92% of copy at
+  the 160 MB of Nano N=8, 98-100% from 705 MB);
 * ``host_us``: host time of one public default call (``perf_counter``, median of ``--host-reps``
   calls, each started on an idle device);
 * ``speedup_vs_loop``: the per-expert eager loop (``reference.fake_quant_experts``, the baseline;

@@ -15,6 +15,7 @@ from moe_fq_parity.harness.core.records import CheckRecord, ExpertStats, Offende
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, MAX_OFFENDERS, offender  # noqa: F401 - MAX_OFFENDERS re-exported to the checks
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
+from moe_fq_parity.harness.core.timing import CopyCurve
 from moe_fq_parity.harness.core.ulp import CLASSES, HIST_EDGES, Comparison
 
 
@@ -34,7 +35,7 @@ class CheckContext:
     ``None``: measure from the start of each check."""
     nan_bits: str = DEFAULT_NAN_BITS
     """NaN policy of every comparison (``harness.core.equality``): ``any`` or ``strict``."""
-    copy_curve: Optional[tuple[tuple[int, float], ...]] = None
+    copy_curve: Optional[CopyCurve] = None
     """The run's copy timings (``harness.core.timing.copy_curve``): the perf check's same-size copy."""
 
     @property

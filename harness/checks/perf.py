@@ -14,7 +14,7 @@ so the public call's time is its device time wherever the host keeps ahead of th
 Every record also gives the call against a device copy of its size timed the same way
 (``copy_same_us``, ``pct_of_same_copy``; the run's ``meta.copy_curve`` interpolated): under this
 timer a small call cannot reach the run's copy bandwidth (launch latency and the write-back of the
-flush's dirty L2 lines are in every sample; on one H100 a copy moving 160 MB reaches 91% of it), so
+flush's dirty L2 lines are in every sample; on one H100 a copy moving 160 MB reaches 91-93% of it), so
 ``pct_of_same_copy`` tells a kernel that is slow from a size that is.
 
 Cost per case (kernel backend): 12 calls of the default entry (2 warm-up, 10 timed, each after a

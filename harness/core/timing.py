@@ -72,10 +72,10 @@ def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
     the perf samples are (``time_call``: 2 warm-up calls, 10 timed, L2 flushed before each).
 
     The yardstick of ``% of a same-size copy``: what a call moving ``b`` bytes would take if it were
-    a copy under the same timer, launch latency and L2 flush included (on one H100 a copy moving
-    160 MB timed this way reaches 91% of the 2 GiB copy's bandwidth; from 700 MB up, 98-100%).
-    Memory: one source and one destination of ``max_bytes / 2`` each, sliced for the smaller copies
-    (the same 2 GiB as the single copy it replaces); time: about 30 ms on an H100."""
+    a copy under the same timer, launch latency and L2 flush included (on one H100 the curve at the
+    160 MB of N=8 x [1856, 2688] gave 92% of the 2 GiB copy's bandwidth; from 705 MB up, 98-100%).
+    Memory: one buffer of ``max_bytes`` + 3 MiB (source and destination halves, sliced for the
+    smaller copies); time: about 30 ms on an H100."""
     max_bytes = max_bytes or ((1 << 31) if device.type == "cuda" else (128 << 20))
     half = max_bytes // 2
     buf = torch.ones(2 * half + _GAP, dtype=torch.uint8, device=device)
@@ -86,7 +86,7 @@ def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
         b *= 4
     out = []
     for b in reversed(sizes + [max_bytes]):  # largest first: a device idle until now runs its first
-        s, d = src[: b // 2], dst[: b // 2]  # copies at a low clock (one H100: 29.5 us for 4 KiB, then 3.7)
+        s, d = src[: b // 2], dst[: b // 2]  # copies at a low clock (one H100, 4 KiB: 29.5 us timed first, 3.6 us last)
         samples, _ = time_call(lambda: d.copy_(s), device, reps=10, warmup=2)
         out.append((2 * (b // 2), statistics.median(samples)))
     return tuple(reversed(out))
