@@ -81,3 +81,16 @@ def exact_fma(device_type: str) -> bool:
     out = torch.empty(1, dtype=torch.float32)
     _probe[(1,)](a, out)
     return float(out[0]) == 2.0**-24
+
+
+@functools.lru_cache(maxsize=None)
+def hw_bf16_rne(device: torch.device) -> bool:
+    """Does fp32 -> bf16 ``.to(tl.bfloat16)`` round to nearest even on ``device``, in one instruction?
+
+    On CUDA devices of compute capability 8.0 and later (``cvt.rn.bf16.f32``).  Not under Triton's
+    interpreter, whose cast truncates (``docs/measured.md`` section 1): there, and on older GPUs,
+    the kernels round with integer operations (``tl_rounding.f32_to_bits``).  Both give the same bits.
+    """
+    if device.type != "cuda" or interpret_mode():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)

@@ -4,7 +4,8 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ``reference/int_quant.py`` ("cuda"), ``reference/fp8_e4m3.py`` ("cuda"), ``reference/nvfp4.py``
 ("te")).  Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
 ``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
-``tl_rounding``.  Per-expert scales are computed once per program, which then loops over ``TPP``
+``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
+bits in one instruction).  Per-expert scales are computed once per program, which then loops over ``TPP``
 tiles of its expert.
 
 Every format's output has the sign of its input (the scales are positive and every rounding step
@@ -215,6 +216,7 @@ def fake_quant_fwd_kernel(
     UNSIGNED: tl.constexpr,
     VEC: tl.constexpr,
     EXACT_FMA: tl.constexpr,
+    HW_BF16: tl.constexpr,
     BLOCK_RECIP_INT: tl.constexpr,
     INT_DIV: tl.constexpr,
     FLAT: tl.constexpr,
@@ -264,9 +266,9 @@ def fake_quant_fwd_kernel(
                     y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
                     if CHECK:
                         _flag_each(flag_ptr, 4, block_nan)
-                        out = f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO)  # per block
+                        out = f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
                     else:
-                        out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO)
+                        out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
                 else:
                     tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
@@ -279,7 +281,7 @@ def fake_quant_fwd_kernel(
                         xs = x * s  # NaN exactly where x is NaN (s > 0 finite), everywhere for a poisoned s
                         y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
                         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-                        out = f32_to_bits(y, bits & smask, xs != xs, nanb, IO)
+                        out = f32_to_bits(y, bits & smask, xs != xs, nanb, IO, HW_BF16)
                         if CHECK:
                             if UNSIGNED:
                                 _flag_each(flag_ptr, 3, (x < 0.0) & mask)
@@ -290,5 +292,5 @@ def fake_quant_fwd_kernel(
                             s, inv = _fp8_scales(a, INT_DIV)
                             s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
                         xs = tl.abs(x) * s
-                        out = f32_to_bits(_fp8_magnitude(xs, inv), bits & sign_all, xs != xs, nanb, IO)
+                        out = f32_to_bits(_fp8_magnitude(xs, inv), bits & sign_all, xs != xs, nanb, IO, HW_BF16)
                 tl.store(yb + tile0 + offs, out, mask=mask)

@@ -384,6 +384,7 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, p
         CHECK=check,
         UNSIGNED=spec.unsigned,
         EXACT_FMA=env.exact_fma(device.type),
+        HW_BF16=env.hw_bf16_rne(device),
         BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
         INT_DIV=cfg.scalar_int_div,
     )

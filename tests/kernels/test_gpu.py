@@ -401,3 +401,26 @@ def test_repeated_list_calls_launch_directly_with_the_reference_bits(fmt: str) -
     kernels.fake_quant_experts(ws, bad, fmt)  # direct launch (the table and plan exist): the flags are mapped host memory
     with pytest.raises(ValueError, match="amax is NaN"):
         kernels.raise_pending_errors()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "nvfp4"])
+def test_bf16_output_takes_the_hardware_conversion(fmt: str) -> None:
+    """Where the GPU rounds fp32 -> bf16 in one instruction (``env.hw_bf16_rne``), the compiled
+    forward kernel for bf16 experts uses it (``cvt.rn.bf16``), and fp16 experts do not get it; the
+    output is the reference's either way (every bit pattern: ``test_forward.test_every_bf16_pattern``)."""
+    from moe_fq_parity.kernels import env, launch
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
+
+    g = torch.Generator(device="cuda").manual_seed(13)
+    spec = parse_spec(fmt, None, {})
+    for dtype in (torch.bfloat16, torch.float16):
+        ws = [torch.randn(64, 256, device="cuda", generator=g).to(dtype) for _ in range(2)]
+        amax = torch.tensor([1.5, 2.5], device="cuda")
+        table = launch.expert_table(ws)
+        flat, outs = launch.alloc_outputs(table, dtype, ws[0].device)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
+        compiled = launch.fwd_list(table, ws, flat, view, spec, check=False)
+        want = env.hw_bf16_rne(ws[0].device) and dtype == torch.bfloat16
+        assert ("cvt.rn.bf16" in compiled.asm["ptx"]) == want, f"{fmt}/{dtype}: hardware bf16 conversion expected {want}"
+        assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/{dtype}/hw_bf16")

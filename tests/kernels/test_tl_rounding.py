@@ -50,7 +50,7 @@ def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
+def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, HW_BF16: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     y = tl.load(x_ptr + i, mask=m, other=0.0)
@@ -59,7 +59,7 @@ def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, BLOCK: tl.constexpr):
         nan_bits = tl.full([], 0x7FFFFFFF, tl.int32)
     else:
         nan_bits = tl.full([], 0x7FFF, tl.int16)
-    tl.store(o_ptr + i, f32_to_bits(tl.abs(y), sign, y != y, nan_bits, IO), mask=m)
+    tl.store(o_ptr + i, f32_to_bits(tl.abs(y), sign, y != y, nan_bits, IO, HW_BF16), mask=m)
 
 
 def _run(kernel, device: str, *tensors, **kw) -> None:
@@ -130,10 +130,15 @@ def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
     assert_same_bits([out], [want], [x], case=which)
 
 
+_HW_BF16 = [False] + ([True] if torch.cuda.is_available() and env.hw_bf16_rne(torch.device("cuda")) else [])
+
+
+@pytest.mark.parametrize("hw_bf16", _HW_BF16, ids=["integer", "hardware"][: len(_HW_BF16)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_output_conversion_matches_reference(dtype: torch.dtype, gen: torch.Generator, device: str) -> None:
+def test_output_conversion_matches_reference(dtype: torch.dtype, hw_bf16: bool, gen: torch.Generator, device: str) -> None:
     """Random fp32 bit patterns (NaN, inf, subnormal, overflow included) -> output dtype, RNE; the
-    magnitude is rounded and the sign OR-ed in, as the kernels do."""
+    magnitude is rounded and the sign OR-ed in, as the kernels do.  bf16 both ways where the device
+    has the hardware conversion (the kernels take it there), else the integer rounding."""
     bits = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=gen, dtype=torch.int64).to(torch.int32)
     y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 65519.99, 3.3961776e38, 3.3961775e38, -0.0, 5.9e-8])])
     want = to_output_dtype(y, dtype)
@@ -141,5 +146,5 @@ def test_output_conversion_matches_reference(dtype: torch.dtype, gen: torch.Gene
     idt = torch.int16 if dtype != torch.float32 else torch.int32
     sign = torch.where(torch.signbit(y), torch.tensor(torch.iinfo(idt).min, dtype=idt), torch.tensor(0, dtype=idt))
     out = torch.empty(y.shape, dtype=idt, device=device)
-    _run(_out_kernel, device, y.to(device), sign.to(device), out, IO=io)
+    _run(_out_kernel, device, y.to(device), sign.to(device), out, IO=io, HW_BF16=hw_bf16)
     assert_same_bits([out.view(dtype)], [want], [y], case=f"to_{dtype}")
