@@ -5,8 +5,8 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ("te")).  Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
 ``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
 ``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
-bits in one instruction).  Per-expert scales are computed once per program, which then loops over ``TPP``
-tiles of its expert.
+bits in one instruction).  Per-expert scales are computed once per program, which then loops over
+``TPP`` tiles of its expert.
 
 Every format's output has the sign of its input (the scales are positive and every rounding step
 keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is

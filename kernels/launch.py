@@ -70,11 +70,12 @@ class KernelConfig:
 # a program's scale prologue (two 64-bit divisions, serial) had to be spread over many tiles: at
 # N=8 x Nano, one tile per program gave FP8 75% / NVFP4 60% with it and 93% / 84% without it.
 # Elements per thread (block / (32 x warps)), one H100, kernel alone, every case of `kernels.bench`
-# (80 MB to 5.4 GB; two rounds, best): INT at 16 (1024 x 2 warps) beat 32 (4096 x 4) in all 20 cases,
-# by 1.3-4.2 points (N=8 x Nano 91.4 -> 94.0, Super N=4 78.0 -> 82.2, Ultra 97.7 -> 99.6), and by
-# 0.0-0.8 per channel (public call); 2048 x 4 and 4096 x 8 lay between.  The backward at 16 (4096 x 8) beat 32
-# (8192 x 8) in all 20, by 0.9-2.0 (Nano N=8 94.2 -> 95.7, Ultra 98.0 -> 99.2).  FP8 and NVFP4
-# already run at 16; for FP8 8 (1024 x 4, 2048 x 8) was faster at Nano N=8 and slower at N=128.
+# (80 MB to 5.4 GB; two rounds, best): INT at 16 (1024 x 2 warps) beat 32 (4096 x 4) in all 20
+# cases, by 1.3-4.2 points (N=8 x Nano 91.4 -> 94.0, Super N=4 78.0 -> 82.2, Ultra 97.7 -> 99.6),
+# and by 0.0-0.8 per channel (public call); 2048 x 4 and 4096 x 8 lay between.  The backward at 16
+# (4096 x 8) beat 32 (8192 x 8) in all 20, by 0.9-2.0 (Nano N=8 94.2 -> 95.7, Ultra 98.0 -> 99.2).
+# FP8 and NVFP4 already ran at 16; FP8 at 8 (1024 x 4, 2048 x 8) was faster at Nano N=8 and slower
+# at N=128 x [1024, 2048] (docs/kernels_performance.md section 8).
 FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_INT: KernelConfig(1024, 2, tiles_per_program=1),
     FMT_FP8: KernelConfig(2048, 4, tiles_per_program=1),

@@ -118,8 +118,8 @@ def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.cons
     into inf.  The hardware conversion is one instruction against five: on one H100 it moved NVFP4
     from 84-85% to 86-87% of copy bandwidth at N=8 x Nano and from 94% to 97% at Ultra (INT and
     FP8 unchanged; ``docs/kernels_performance.md`` section 7).  fp16: the fp32->fp16 conversion
-    (RNE on both back ends).  The canonical NaN is ``0x7FFF`` (bf16, fp16) or
-    ``0x7FFFFFFF`` (fp32), as ``reference.rounding.to_output_dtype`` writes it.
+    (RNE on both back ends).  The canonical NaN is ``0x7FFF`` (bf16, fp16) or ``0x7FFFFFFF``
+    (fp32), as ``reference.rounding.to_output_dtype`` writes it.
     """
     if IO == _IO_BF16:
         if HW_BF16:
