@@ -110,4 +110,3 @@ def copy_us_at(curve: CopyCurve, nbytes: int) -> float:
             return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
     b, us = curve[-1]
     return us * nbytes / b
-
