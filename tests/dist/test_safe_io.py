@@ -120,3 +120,41 @@ def test_allow_list_is_small():
     assert modules == {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch", "torch.serialization",
                        "collections", "pathlib", "torch.distributed.checkpoint.planner"}
     assert {n for m, n in safe_io.ALLOWED_GLOBALS if m == "torch.distributed.checkpoint.planner"} == {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
+
+
+_UNPICKLED: list[str] = []
+
+
+class _Records:
+    """A pickled object whose unpickling is visible (appends to ``_UNPICKLED``)."""
+
+    def __setstate__(self, state: dict) -> None:
+        _UNPICKLED.append("unpickled")
+
+
+def test_engine_internal_byte_entries_are_skipped_unread_and_nothing_else_is(tmp_path):
+    """Megatron-Core >= 0.19 writes its common state dict as the byte entry ``common_state/shard_0_1``
+    inside the checkpoint: the safe readers skip an engine's own entries without unpickling them,
+    and still refuse every other byte entry and an expected key stored as bytes."""
+    from moe_fq_parity.harness.sections.dist.engines import ENGINES
+
+    internal = ENGINES["megatron"].internal_keys
+    path = str(tmp_path / "mcore019")
+    save_full({**TENSORS, "common_state/shard_0_1": _Records()}, path)
+    _UNPICKLED.clear()
+    with pytest.raises(UnsafeCheckpointError, match="common_state/shard_0_1"):
+        load_full(path)  # DCP's own engine writes no such entry: refused as before
+    back = load_full(path, internal)
+    assert set(back) == set(TENSORS) and not _UNPICKLED
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in TENSORS.items()}
+    assert check_entries(read_metadata(path), expected, internal=internal) == []
+    assert [p.kind for p in check_entries(read_metadata(path), expected)] == ["mismatch"]
+    assert ENGINES["dcp"].internal_keys == ()
+    # Only the engine's names, and only byte entries, are skipped.
+    other = str(tmp_path / "other")
+    save_full({**TENSORS, "common_statex": _Records(), "common_state/shard_0_1": _Records()}, other)
+    with pytest.raises(UnsafeCheckpointError, match="common_statex"):
+        load_full(other, internal)
+    unsafe = check_entries(read_metadata(path), {**expected, "common_state/shard_0_1": ((1,), torch.float32)}, internal=internal)
+    assert [p.kind for p in unsafe] == ["unsafe"]
+    assert not _UNPICKLED

@@ -44,6 +44,9 @@ class Engine(Protocol):
     """A checkpoint engine (see the module docstring)."""
 
     name: str
+    internal_keys: tuple[str, ...]
+    """Byte entries the engine writes and reads for itself, not part of the checked state (names;
+    an entry below a name counts too); the safe readers leave them unread."""
 
     def available(self, device: str) -> tuple[bool, str]: ...
 
@@ -78,6 +81,7 @@ class DcpEngine:
     """``torch.distributed.checkpoint`` with DTensor shards."""
 
     name = "dcp"
+    internal_keys: tuple[str, ...] = ()
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
@@ -140,6 +144,11 @@ class MegatronEngine:
     """
 
     name = "megatron"
+    internal_keys: tuple[str, ...] = ("common_state",)
+    """Megatron-Core 0.19 and later store the non-tensor part of the state dict (its "common state
+    dict") inside the DCP checkpoint as the pickled ``ShardedObject`` ``common_state``
+    (``dist_checkpointing/serialization.py``; key ``common_state/shard_0_1``), where 0.16 wrote a
+    separate ``common.pt``.  Megatron reads it back itself; the safe readers skip it unread."""
 
     def available(self, device: str) -> tuple[bool, str]:
         try:
@@ -212,10 +221,11 @@ _ERROR_KINDS: dict[str, type[CheckpointError]] = {
 }
 
 
-def _precheck(path: str, expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]], tolerated: Mapping = {}) -> list[str]:
+def _precheck(path: str, expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]], tolerated: Mapping = {},
+              internal: tuple[str, ...] = ()) -> list[str]:
     """``["kind|message", ...]`` for this rank (empty when the checkpoint fits)."""
     try:
-        misfits = check_entries(read_metadata(path), expected, tolerated=tolerated)
+        misfits = check_entries(read_metadata(path), expected, tolerated=tolerated, internal=internal)
     except UnsafeCheckpointError as exc:
         return [f"unsafe|{exc}"]
     except CheckpointError as exc:
@@ -245,7 +255,7 @@ def load_checked(
     if not os.path.isdir(path):
         problems = [f"corrupt|checkpoint {path}: not a directory"]
     else:
-        problems = _precheck(path, expected, tolerated)
+        problems = _precheck(path, expected, tolerated, engine.internal_keys)
     problems = ctx.agree(problems)
     if problems:
         kind = problems[0].split("|", 1)[0]

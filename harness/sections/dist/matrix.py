@@ -207,11 +207,11 @@ def _judge_save(plan: DistPlan, lay: Layout, good: list[CkptTask], neg: list[Ckp
     return kept
 
 
-def _stage_content(saved: list[_Saved], truth: Truth, out: list[SectionRow]) -> None:
+def _stage_content(saved: list[_Saved], truth: Truth, out: list[SectionRow], internal: tuple[str, ...]) -> None:
     for s in saved:
         fields = {"save": s.layout.id, "qlayout": s.task.qlayout, "format": s.task.qf_id, "index": s.task.index_mode}
         try:
-            s.oracle = load_full(s.task.path)
+            s.oracle = load_full(s.task.path, internal)
         except CheckpointError as exc:
             out.append(Verdict(f"content/{s.task.ckpt_id}", "fail", fields, f"single-process load failed: {exc}"))
             continue
@@ -260,7 +260,7 @@ def _vector_size_rows(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> 
         out.append(negative_control(f"negative/vector_silent_skip/{t.ckpt_id}", inner, "a loader that skips a wrong-size vector silently"))
 
 
-def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[Verdict]) -> None:
+def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[Verdict], internal: tuple[str, ...]) -> None:
     """Negative control: one flipped bit in a weight's stored bytes loads silently (DCP has no
     checksums); the content check must see it."""
     src = next((s for s in saved if s.task.index_mode == "global" and s.oracle is not None), None)
@@ -270,7 +270,7 @@ def _payload_bitflip(saved: list[_Saved], truth: Truth, workdir: str, out: list[
     fields = {"save": src.layout.id, "qlayout": src.task.qlayout, "format": src.task.qf_id}
     check_id = f"negative/payload_bitflip/content/{src.task.ckpt_id}"
     try:
-        flipped = load_full(flip_payload_bit(src.task.path, os.path.join(workdir, "bitflip"), needle))
+        flipped = load_full(flip_payload_bit(src.task.path, os.path.join(workdir, "bitflip"), needle), internal)
     except (CheckpointError, ValueError) as exc:
         out.append(Verdict(check_id, "fail", fields, f"could not build the flipped checkpoint: {exc}"))
         return
@@ -407,14 +407,14 @@ def _run_plan(plan: DistPlan, workdir: str, part: Optional[Part]) -> list[tuple[
         saved += layout_saved
     for i in mine:
         rows = []
-        _stage_content([s for s in saved if s.layout == plan.save_layouts[i]], truth, rows)
+        _stage_content([s for s in saved if s.layout == plan.save_layouts[i]], truth, rows, ENGINES[plan.engine].internal_keys)
         blocks.append(((0, 1, i), rows))
     bad: list[BadCase] = []
     if keeper:
         rows = []
         if plan.negative_controls:
             _vector_size_rows(saved, truth, rows)
-            _payload_bitflip(saved, truth, workdir, rows)
+            _payload_bitflip(saved, truth, workdir, rows, ENGINES[plan.engine].internal_keys)
         blocks.append(((0, 2), rows))
         if plan.bad_inputs:
             good = {(s.task.qlayout, s.task.qf_id): s.task.path for s in reversed(saved) if s.task.index_mode == "global" and s.oracle is not None}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -55,6 +55,12 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
 """``(module, name)`` globals a DCP ``.metadata`` pickle may reference; plus ``torch.<dtype>``.
 The ``planner`` data classes are the save plans Megatron-Core's ``dist_checkpointing`` caches in
 the metadata (``mcore_data``); plain records and an enum, nothing that runs code."""
+
+def is_internal(key: str, internal: Sequence[str]) -> bool:
+    """Whether ``key`` is one of an engine's own entries: equal to a name of ``internal`` or below
+    it (``common_state`` covers ``common_state/shard_0_1``)."""
+    return any(key == name or key.startswith(name + "/") for name in internal)
+
 
 MAX_LISTED_PROBLEMS = 12
 """How many misfits an error message lists before it says how many more there are."""
@@ -140,13 +146,16 @@ def check_entries(
     *,
     where: str = "checkpoint",
     tolerated: Mapping[str, tuple[tuple[int, ...], torch.dtype]] = {},
+    internal: Sequence[str] = (),
 ) -> list[Misfit]:
     """Every way the checkpoint's entries misfit ``expected`` (``key -> (shape, dtype)``).
 
     Missing keys, keys the target does not have, shape and dtype differences (``mismatch``), and
     expected keys stored as pickled objects (``unsafe``).  An empty list means the checkpoint fits.
     A stored key the target does not read but ``tolerated`` names with the same shape and dtype
-    (a redundant copy, e.g. a further ``[N_global]``-vector key) is not a misfit.
+    (a redundant copy, e.g. a further ``[N_global]``-vector key) is not a misfit, nor is a byte
+    entry the engine writes and reads for itself (``internal``, ``Engine.internal_keys``) that the
+    target does not expect; an expected key is checked whatever its name.
     """
     problems = []
     stored = md.state_dict_metadata
@@ -165,6 +174,8 @@ def check_entries(
             problems.append(Misfit("mismatch", f"key {key!r}: {where} dtype {entry.properties.dtype} != target dtype {dtype} (shape {got})"))
     for key in stored:
         if key not in expected:
+            if is_internal(key, internal) and isinstance(stored[key], BytesStorageMetadata):
+                continue
             shape = tuple(stored[key].size) if isinstance(stored[key], TensorStorageMetadata) else "bytes"
             if key in tolerated and isinstance(stored[key], TensorStorageMetadata) and (shape, stored[key].properties.dtype) == (
                 tuple(tolerated[key][0]), tolerated[key][1]
@@ -189,14 +200,18 @@ def save_full(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> N
         dcp.save(dict(tensors), storage_writer=FileSystemWriter(os.fspath(path), sync_files=False), no_dist=True)
 
 
-def load_full(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def load_full(path: str | os.PathLike, internal: Sequence[str] = ()) -> dict[str, torch.Tensor]:
     """Single-process load of every tensor of a checkpoint, whole (CPU; the independent oracle).
 
     Raises ``UnsafeCheckpointError`` for byte entries or disallowed metadata globals and
-    ``CheckpointCorruptError`` for unreadable files.
+    ``CheckpointCorruptError`` for unreadable files.  Byte entries named by ``internal`` (the
+    engine's own, ``Engine.internal_keys``) are left unread, never unpickled.
     """
     md = read_metadata(path)
-    byte_keys = [k for k, v in md.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata)]
+    byte_keys = [
+        k for k, v in md.state_dict_metadata.items()
+        if not isinstance(v, TensorStorageMetadata) and not (is_internal(k, internal) and isinstance(v, BytesStorageMetadata))
+    ]
     if byte_keys:
         raise UnsafeCheckpointError(f"checkpoint {path}: keys {byte_keys} are pickled objects, not tensors; refused")
     out = {}
