@@ -173,7 +173,8 @@ def check_consistency(report: dict[str, Any]) -> None:
     """``ValueError`` when a schema-valid report contradicts itself: two records with one key (a
     reader would keep one of them), a record that contradicts its verdict (``record_problems``), two
     sections of one name or two rows of one id in a section.  The message names the first
-    ``MAX_PROBLEMS`` and counts all."""
+    ``MAX_PROBLEMS`` and counts all.  Cost: about 10 us a record (21,600 records: 0.2 s, where the
+    JSON-schema validation of the same report took 29 s; CPU, shared 2-core host, 2026-11-27)."""
     problems: list[str] = []
     seen: dict[str, int] = {}
     for k, r in enumerate(report["records"]):
