@@ -157,6 +157,9 @@ def _cmd_run(args) -> int:
                   "drop --sections, or use --suite", file=sys.stderr)
             return 2
         sections = ()  # the report sections belong to suites: a run of named cases has none
+    if args.baseline_subset and args.baseline is None:
+        print("error: --baseline-subset compares with a baseline: give --baseline too", file=sys.stderr)
+        return 2
     try:  # every argument is checked before anything is written: a typo never touches an earlier report
         validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
     except ValueError as exc:
@@ -195,12 +198,6 @@ def _cmd_run(args) -> int:
     if not cases:
         print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
         return 2
-    if (problem := _unwritable(args.out)) is not None:
-        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
-        return 2
-    if args.baseline_subset and args.baseline is None:
-        print("error: --baseline-subset compares with a baseline: give --baseline too", file=sys.stderr)
-        return 2
     baseline = None
     if args.baseline is not None:
         try:
@@ -208,6 +205,9 @@ def _cmd_run(args) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    if (problem := _unwritable(args.out)) is not None:
+        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
+        return 2
     cfg = RunConfig(
         suite=args.suite if not args.case else "custom", cases=cases, backends=backends,
         checks=tuple(args.checks) if args.checks else DEFAULT_CHECKS, out_dir=args.out, seed=args.seed, mode=args.mode,
