@@ -2,7 +2,11 @@
 
 The shards must be one run cut in pieces: every report carries ``meta.shard`` (index, count, the
 whole selection's case ids and their digest, the chosen sections), all shards ``1..n`` are present
-once, and suite, seed, mode, checks, backends, timeout and shard count agree.  Reports of different
+once, and suite, seed, mode, NaN policy (``nan_bits``), checks, backends, timeout and shard count agree.
+The shards' own case lists (``meta.cases``) partition the selection, and a complete shard holds its
+whole share: for every case of its list and every available backend, a record of every check of
+``meta.checks`` (or the one ``forward`` failure of a case whose inputs could not be built); a
+complete shard whose records were emptied, cut or edited is refused.  Reports of different
 commits merge only when their case selections are identical (same digest); otherwise the merge is
 refused, naming both commits.  ``MergeError`` says which report and field disagree.
 
@@ -23,7 +27,7 @@ from typing import Any, Sequence
 
 from .schema import SCHEMA_VERSION, section_verdict
 
-_SAME = ("suite", "seed", "mode", "checks", "timeout_s")
+_SAME = ("suite", "seed", "mode", "nan_bits", "checks", "timeout_s")
 """``meta`` fields every shard must share (with the backends' specs, the shard count and the sections)."""
 
 
@@ -56,6 +60,48 @@ def _check_same(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
                              "same --suite/--cases/--formats/--case needed)")
         if s.get("sections") != fs.get("sections"):
             raise MergeError(f"{path}: sections {s.get('sections')} differ from {first_path}'s {fs.get('sections')}")
+
+
+def _check_coverage(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """The shards' case lists partition the selection; each record is of its shard's cases; a complete
+    shard has every record of its share (see the module docstring)."""
+    selection = items[0][1]["meta"]["shard"]["selection"]
+    owner: dict[str, str] = {}
+    for path, rep in items:
+        meta = rep["meta"]
+        cases = meta.get("cases")
+        if cases is None:
+            raise MergeError(f"{path}: no meta.cases (the shard's own cases): cannot prove it holds its share")
+        if len(cases) != meta["shard"]["cases"]:
+            raise MergeError(f"{path}: meta.cases lists {len(cases)} cases, meta.shard.cases says {meta['shard']['cases']}")
+        for cid in cases:
+            if cid in owner:
+                raise MergeError(f"case {cid} is in the share of {owner[cid]} and of {path}")
+            owner[cid] = path
+        mine = set(cases)
+        for r in rep["records"]:
+            if r["case_id"] not in mine:
+                raise MergeError(f"{path}: record {r['key']} is of a case outside this shard's share")
+        if not rep["complete"]:
+            continue  # an incomplete shard merges into an incomplete report, saying so
+        checks = set(meta.get("checks") or ())
+        held: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in rep["records"]:
+            held.setdefault((r["case_id"], r["backend"]), []).append(r)
+        available = [b["spec"] for b in meta.get("backends", []) if b.get("available")]
+        for cid in cases:
+            for spec in available:
+                recs = held.get((cid, spec), [])
+                got = {r["check"] for r in recs}
+                unbuilt = len(recs) == 1 and recs[0]["check"] == "forward" and recs[0]["verdict"] == "fail"
+                if got != checks and not unbuilt:
+                    lost = sorted(checks - got)
+                    raise MergeError(f"{path}: shard {meta['shard']['index']}/{meta['shard']['count']} is complete but lacks "
+                                     f"{'every record' if not recs else 'the records of checks ' + str(lost)} of case {cid} on "
+                                     f"{spec}: its records were cut or emptied")
+    missing = [cid for cid in selection if cid not in owner]
+    if missing:
+        raise MergeError(f"{len(missing)} selected cases are in no shard's share (first: {missing[0]})")
 
 
 def _check_indices(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -140,6 +186,7 @@ def merge_reports(items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
             raise MergeError(f"{path}: not a shard report (no meta.shard); run each part with --shard i/n")
     _check_same(items)
     _check_indices(items)
+    _check_coverage(items)
     items = sorted(items, key=lambda pr: pr[1]["meta"]["shard"]["index"])
     shard0 = items[0][1]["meta"]["shard"]
     order = {cid: k for k, cid in enumerate(shard0["selection"])}

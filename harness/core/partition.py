@@ -5,7 +5,8 @@ Longest processing time first: the items are taken by weight, largest first (tie
 default the item's index), and each goes to the part with the least weight so far (ties to the
 lowest part).  The result depends only on the weights and the order keys, so every process that
 computes it for the same items gets the same partition.  Its largest part exceeds the smallest by at
-most the largest weight.
+most the largest weight.  Weights are >= 0; parts beyond the number of items are empty, and memory
+and time are O(items x min(count, items)) whatever ``count`` is.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ def balance(weights: Sequence[float], count: int, order: Optional[Sequence[Any]]
         raise ValueError(f"count must be >= 1, got {count}")
     if order is not None and len(order) != len(weights):
         raise ValueError(f"order has {len(order)} keys for {len(weights)} weights")
+    if any(w < 0 for w in weights):
+        raise ValueError("weights must be >= 0")
     keys = order if order is not None else range(len(weights))
-    load = [0.0] * count
+    # Parts past the item count stay empty (an empty lower part always wins the tie), so only
+    # min(count, items) parts are kept: memory and time do not grow with count.
+    load = [0.0] * min(count, len(weights))
     out = [0] * len(weights)
     for k in sorted(range(len(weights)), key=lambda k: (-weights[k], keys[k])):
-        best = min(range(count), key=lambda s: (load[s], s))
+        best = min(range(len(load)), key=lambda s: (load[s], s))
         load[best] += weights[k]
         out[k] = best + 1
     return out

@@ -7,7 +7,9 @@
   (``harness.run.shard``); ``merge R1 R2 ... --out DIR`` joins the shards' report.json files into one
   report.json + report.html equal to an unsharded run's (``reports.merge``; exit 2 when they are not
   the shards of one run).
-* ``compare OLD NEW``: print regressions, improvements and changes; exit 1 on any regression.
+* ``compare OLD NEW [--subset]``: print regressions, improvements and changes (``harness.run.diff``);
+  exit 1 on any regression, 2 when a file is not a report this version reads (``reports.schema.load``).
+  A failing ``run`` prints its first failing records with offenders and repro (``core.failure_text``).
 * ``list``: suites and their cases, and the backends with their availability.
 * ``selftest``: run the built-in mutants (deliberately broken backends) through a suite; exit 0 only
   when every mutant is killed by some check and the unmutated backends pass.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, NAN_BITS_MODES
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, SLOWDOWN_THRESHOLD, VERDICT_MODES
@@ -28,15 +30,23 @@ def _csv(text: str) -> list[str]:
     return [t for t in (s.strip() for s in text.split(",")) if t]
 
 
-def _seconds(text: str) -> float:
-    """A number of seconds >= 0 (argparse type: a usage error, exit 2, otherwise)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no limit), got {text!r}")
-    return value
+def _finite_nonnegative(what: str, hint: str) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0 (``what`` and ``hint`` word its errors: a usage error, exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} as a number, got {text!r}") from None
+        if not (0 <= value < float("inf")):
+            raise argparse.ArgumentTypeError(f"expected {what} >= 0 ({hint}), got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _finite_nonnegative("seconds", "0: no limit")
+_fraction = _finite_nonnegative("a finite fraction", "0.1 = 10%")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                         "counting other NaN bits as their own class (nan_bits)")
     r.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"global seed (default {DEFAULT_SEED}); case seed = seed + crc32(case id)")
     r.add_argument("--baseline", type=Path, default=None, help="earlier report.json to diff against (regressions fail the run)")
+    r.add_argument("--baseline-subset", action="store_true",
+                   help="this run is a deliberate subset (--cases/--formats): compare only its cases with the baseline, counting the "
+                        "others in a warning (default: the baseline's other cases are missing records, regressions)")
     r.add_argument("--timeout", type=_seconds, default=CALL_TIMEOUT_S, help=f"per backend call timeout in seconds (default {CALL_TIMEOUT_S:g}; 0: none)")
     perf = r.add_mutually_exclusive_group()
     perf.add_argument("--perf", dest="perf", action="store_true", default=None, help="record timings (default: on with CUDA)")
@@ -81,7 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="diff two report.json files; exit 1 on regression")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
-    c.add_argument("--threshold", type=float, default=SLOWDOWN_THRESHOLD, help=f"slowdown counted as regression (default {SLOWDOWN_THRESHOLD})")
+    c.add_argument("--threshold", type=_fraction, default=SLOWDOWN_THRESHOLD,
+                   help=f"slowdown counted as regression, a finite fraction >= 0 (default {SLOWDOWN_THRESHOLD})")
+    c.add_argument("--subset", action="store_true",
+                   help="NEW is a deliberate subset (run --cases/--formats): compare only its cases, counting the others in a warning "
+                        "(default: the baseline's other cases are missing records, regressions)")
     st = sub.add_parser("selftest", help="prove every check fires: run the mutant backends; exit 1 if one survives")
     st.add_argument("--suite", default="ci", choices=("ci", "nightly"), help="cases to hunt the mutants with (default: ci, the fast subset)")
     st.add_argument("--mutant", action="append", default=None, metavar="NAME", help="only this mutant (repeatable)")
@@ -140,6 +157,9 @@ def _cmd_run(args) -> int:
                   "drop --sections, or use --suite", file=sys.stderr)
             return 2
         sections = ()  # the report sections belong to suites: a run of named cases has none
+    if args.baseline_subset and args.baseline is None:
+        print("error: --baseline-subset compares with a baseline: give --baseline too", file=sys.stderr)
+        return 2
     try:  # every argument is checked before anything is written: a typo never touches an earlier report
         validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
     except ValueError as exc:
@@ -166,6 +186,10 @@ def _cmd_run(args) -> int:
     if not selection:
         print("error: no case matches the selection", file=sys.stderr)
         return 2
+    if shard is not None and shard.count > len(selection):
+        print(f"error: --shard {shard}: {len(selection)} cases are selected, so at most {len(selection)} shards "
+              "(every shard needs a case, and merge needs every shard)", file=sys.stderr)
+        return 2
     cases = select_shard(selection, shard) if shard is not None else selection
     share = args.share_cpus if args.share_cpus is not None else (shard.count if shard is not None else 1)
     if share < 1:
@@ -174,9 +198,6 @@ def _cmd_run(args) -> int:
     if not cases:
         print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
         return 2
-    if (problem := _unwritable(args.out)) is not None:
-        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
-        return 2
     baseline = None
     if args.baseline is not None:
         try:
@@ -184,12 +205,15 @@ def _cmd_run(args) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    if (problem := _unwritable(args.out)) is not None:
+        print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
+        return 2
     cfg = RunConfig(
         suite=args.suite if not args.case else "custom", cases=cases, backends=backends,
         checks=tuple(args.checks) if args.checks else DEFAULT_CHECKS, out_dir=args.out, seed=args.seed, mode=args.mode,
         timeout_s=args.timeout or None, perf=torch.cuda.is_available() if args.perf is None else args.perf,
         sections=sections,
-        baseline=baseline, baseline_path=str(args.baseline or ""), progress=not args.no_progress,
+        baseline=baseline, baseline_path=str(args.baseline or ""), baseline_subset=args.baseline_subset, progress=not args.no_progress,
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
         nan_bits=args.nan_bits,
     )
@@ -213,7 +237,7 @@ def _cmd_compare(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    diff = diff_reports(old, new, slowdown=args.threshold)
+    diff = diff_reports(old, new, slowdown=args.threshold, subset=args.subset)
     print(format_diff(diff))
     return 1 if diff.regressions else 0
 
@@ -224,6 +248,9 @@ def _cmd_merge(args) -> int:
     from moe_fq_parity.reports.schema import load, validate
     from moe_fq_parity.reports.writer import write_report
 
+    if (problem := _unwritable(args.out)) is not None:
+        print(f"error: cannot write the merged report to {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         merged = merge_reports([(str(p), load(p)) for p in args.reports])
     except (MergeError, ValueError) as exc:
@@ -282,6 +309,12 @@ def _cmd_selftest(args) -> int:
     from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
     from moe_fq_parity.harness.sections.selftest.runner import run_selftest
 
+    if args.json is not None and (problem := _unwritable(args.json.parent)) is not None:
+        print(f"error: --json {args.json}: cannot write there: {problem}", file=sys.stderr)
+        return 2
+    if args.json is not None and args.json.is_dir():
+        print(f"error: --json {args.json}: is a directory (name the JSON file)", file=sys.stderr)
+        return 2
     try:
         controls = () if args.no_controls else ([s for arg in args.backend for s in _csv(arg)] if args.backend else None)
         result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None, controls=controls, progress=True)

@@ -461,32 +461,15 @@ def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_rec
     return run
 
 
-OFFENDER_COLUMNS = ("expert", "row", "col", "input", "expected", "got", "pre_round", "ulp", "cls")
-
-
-def offender_table(offenders, limit: int = 10) -> list[str]:
-    """The first ``limit`` offenders as aligned text rows under a header (values as Python reprs,
-    so a bf16 value prints exactly)."""
-    rows = [OFFENDER_COLUMNS] + [tuple("-" if getattr(o, c) is None else repr(getattr(o, c)) if isinstance(getattr(o, c), float)
-                                       else str(getattr(o, c)) for c in OFFENDER_COLUMNS) for o in list(offenders)[:limit]]
-    widths = [max(len(r[k]) for r in rows) for k in range(len(OFFENDER_COLUMNS))]
-    return ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
-
-
 def assert_record(rec) -> None:
     """Skip on a ``skip`` record; fail on a ``fail`` record with its message, the offender table
-    and the repro command."""
+    and the repro command (``harness.core.failure_text``, as a failing ``run`` prints them)."""
+    from moe_fq_parity.harness.core.failure_text import failure_lines
+
     if rec.verdict == "skip":
         pytest.skip(rec.message)
-    if rec.outcome == "oom":
-        pytest.fail(f"{rec.check} ran out of memory for {rec.case_id} on {rec.backend}: {rec.message}\n  repro: {rec.repro}", pytrace=False)
     if rec.verdict == "fail":
-        lines = [f"{rec.check} failed for {rec.case_id} on {rec.backend}: {rec.message}"]
-        if rec.offenders:
-            lines.append(f"first {min(len(rec.offenders), 10)} offenders:")
-            lines += ["  " + ln for ln in offender_table(rec.offenders)]
-        lines.append(f"repro: {rec.repro}")
-        pytest.fail("\n".join(lines), pytrace=False)
+        pytest.fail("\n".join(failure_lines(rec)), pytrace=False)
 
 
 def _new_writer(config: pytest.Config, settings: ParitySettings):

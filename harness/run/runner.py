@@ -26,6 +26,7 @@ from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
+from moe_fq_parity.harness.core.failure_text import failures_summary
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
 from moe_fq_parity.harness.core.guard import Terminated
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
@@ -121,6 +122,8 @@ class RunConfig:
     sections: Optional[tuple[str, ...]] = None
     baseline: Optional[dict] = None
     baseline_path: str = ""
+    baseline_subset: bool = False
+    """The run is a deliberate subset: compare only its cases with the baseline (``diff_reports(subset=True)``)."""
     progress: bool = True
     explicit_backends: bool = False
     argv: tuple[str, ...] = field(default_factory=tuple)
@@ -285,7 +288,7 @@ def _run_locked(cfg: RunConfig) -> int:
         writer.set_sections(sections)
         if cfg.baseline is not None:
             writer.report["complete"] = True  # everything ran: the diff sees a complete report
-            diff = diff_reports(cfg.baseline, writer.report)
+            diff = diff_reports(cfg.baseline, writer.report, subset=cfg.baseline_subset)
             writer.set_baseline(diff.to_json(cfg.baseline_path))
             print(format_diff(diff))
         phases["report_writes"] = writer.write_s
@@ -314,6 +317,8 @@ def _run_locked(cfg: RunConfig) -> int:
 def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
     report = writer.report
     counts = {v: sum(r["verdict"] == v for r in report["records"]) for v in ("pass", "fail", "skip")}
+    for block in failures_summary(report["records"]):
+        print(block)
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {writer.json_path} and {writer.html_path}")
     oom = [r for r in report["records"] if r.get("outcome") == "oom"]
     if oom:

@@ -115,6 +115,7 @@ def test_compare_flags_regressions(tmp_path, capsys):
     rec = worse["records"][0]
     rec["counts"] = {"exact": rec["numel"] - 1, "ulp1": 1, "tie_flip": 0, "error": 0}
     rec["max_ulp"] = 1
+    rec["mode"] = "1-ulp"  # a pass with a 1-ULP element (under strict that record would contradict itself: refused)
     rec["perf"] = None
     new = tmp_path / "new.json"
     new.write_text(json.dumps(worse))

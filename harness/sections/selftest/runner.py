@@ -104,9 +104,11 @@ def run_mutant(m: Mutant, cases: Sequence[Case], cache: _InputCache, timeout_s: 
     return MutantOutcome(m.name, m.bug, False, "", "", f"survived {tried} cases", tried, time.perf_counter() - start)
 
 
-def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = CALL_TIMEOUT_S) -> ControlOutcome:
-    """An unmutated backend over the same cases: every check must pass or skip."""
-    backend = load(spec)
+def run_control(spec: str | LoadedBackend, cases: Sequence[Case], cache: _InputCache, timeout_s: Optional[float] = CALL_TIMEOUT_S) -> ControlOutcome:
+    """An unmutated backend (a name or ``package.module:object``, or one already loaded) over the same
+    cases: every check must pass or skip."""
+    backend = load(spec) if isinstance(spec, str) else spec
+    spec = backend.spec
     if not backend.available:
         return ControlOutcome(spec, False, backend.why_not)
     failures, n = [], 0
@@ -124,7 +126,13 @@ def run_control(spec: str, cases: Sequence[Case], cache: _InputCache, timeout_s:
 def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Optional[Iterable[str]] = None,
                  case_ids: Optional[Iterable[str]] = None, controls: Optional[Sequence[str]] = None,
                  progress: bool = False) -> SelftestResult:
-    """Run the mutants (all, or those named) and the controls over ``suite``'s cases."""
+    """Run the mutants (all, or those named) and the controls over ``suite``'s cases.
+
+    Every argument is checked before any mutant runs: ``ValueError`` for an unknown mutant, a
+    malformed case id or a control backend that cannot be loaded (unknown name, module that does
+    not import, object that is not a backend)."""
+    from moe_fq_parity.harness.backends import BackendLoadError
+
     from .hook_mutants import HOOK_MUTANTS, run_hook_mutants
 
     cases = suite_cases(suite)
@@ -140,6 +148,10 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
             raise ValueError(f"unknown mutant(s) {sorted(unknown)}; known: {known}")
         chosen = [m for m in chosen if m.name in names]
         hook_names = names
+    try:
+        loaded = [load(s) for s in (CONTROLS_BY_SUITE.get(suite, ("reference",)) if controls is None else controls)]
+    except BackendLoadError as exc:
+        raise ValueError(f"--backend: {exc}") from None
     cache = _InputCache(seed)
     outcomes = []
     for m in chosen:
@@ -153,5 +165,5 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
         if progress:
             verdict = f"killed by {out.check}" if out.killed else "SURVIVED"
             print(f"  {out.name:30} {verdict}  ({out.cases_tried} state-dict rows, {out.seconds:.1f} s)", flush=True)
-    ctl = tuple(run_control(s, cases, cache) for s in (CONTROLS_BY_SUITE.get(suite, ("reference",)) if controls is None else controls))
+    ctl = tuple(run_control(b, cases, cache) for b in loaded)
     return SelftestResult(suite, seed, tuple(outcomes), ctl)

@@ -1,0 +1,308 @@
+"""The gate: ``compare``, ``run --baseline`` and ``merge`` never pass on less coverage or a report that
+contradicts itself, and count what they list; CLI misuse is a one-line usage error (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from moe_fq_parity.harness.run.cli import main
+from moe_fq_parity.harness.run.diff import MAX_LISTED, diff_reports, format_diff
+from moe_fq_parity.reports.merge import MergeError, merge_reports
+from moe_fq_parity.reports.schema import load
+
+BROKEN = "tests.harness.broken_backends"
+ONE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
+
+
+def _run(out: Path, *args: str) -> int:
+    return main(["run", "--suite", "smoke", "--backend", "reference", "--no-progress", "--no-sections", "--out", str(out), *args])
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("full")
+    assert _run(out) == 0
+    return out / "report.json"
+
+
+@pytest.fixture(scope="module")
+def subset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("subset")
+    assert _run(out, "--formats", "int8") == 0
+    return out / "report.json"
+
+
+def _write(path: Path, report: dict) -> Path:
+    path.write_text(json.dumps(report))
+    return path
+
+
+# --- a new run of fewer cases -----------------------------------------------------------------------
+
+def test_compare_with_a_subset_run_is_a_regression_unless_declared(full, subset, capsys):
+    old, new = load(full), load(subset)
+    lost = [r for r in old["records"] if r["fmt"] != "int8"]
+    assert main(["compare", str(full), str(subset)]) == 1
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("WARNING: 6 baseline cases") and f"({len(lost)} records)" in first and "--subset" in first
+    assert f"{len(lost)} regressions ({len(lost)} missing record)" in out
+    assert main(["compare", "--subset", str(full), str(subset)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"WARNING: SUBSET: 6 baseline cases ({len(lost)} records) are outside the new run's selection and were NOT compared (--subset)"
+    assert diff_reports(old, new, subset=True).regressions == []
+
+
+def test_run_baseline_with_a_subset_is_a_regression_unless_declared(tmp_path, full, capsys):
+    assert _run(tmp_path / "a", "--formats", "int8", "--baseline", str(full)) == 1
+    report = load(tmp_path / "a" / "report.json")
+    assert report["baseline"]["totals"]["regressions"] == {"missing record": sum(r["fmt"] != "int8" for r in load(full)["records"])}
+    capsys.readouterr()
+    assert _run(tmp_path / "b", "--formats", "int8", "--baseline", str(full), "--baseline-subset") == 0
+    report = load(tmp_path / "b" / "report.json")
+    assert report["baseline"]["regressions"] == [] and report["baseline"]["warnings"][0].startswith("SUBSET: 6 baseline cases")
+    assert "WARNING: SUBSET: 6 baseline cases" in capsys.readouterr().out
+    assert _run(tmp_path / "c", "--baseline-subset") == 2
+    assert "give --baseline too" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+# --- reports that contradict themselves are refused -------------------------------------------------
+
+def _first_pass(report: dict, mode: str = "strict") -> dict:
+    return next(r for r in report["records"] if r["verdict"] == "pass" and r["check"] == "forward" and r["counts"])
+
+
+def _offender(cls: str) -> dict:
+    return {"expert": 0, "row": 0, "col": 1, "input": 0.5, "expected": 0.5, "got": 0.5078125, "pre_round": 63.5, "ulp": 1, "cls": cls}
+
+
+INCONSISTENT = {
+    "error count": (lambda r: r["counts"].update(error=1, exact=r["counts"]["exact"] - 1), "error 1"),
+    "tie flip": (lambda r: r["counts"].update(tie_flip=2), "tie_flip 2"),
+    "nan bits": (lambda r: r["counts"].update(nan_bits=1), "nan_bits 1"),
+    "ulp1 under strict": (lambda r: r["counts"].update(ulp1=1), "ulp1 1"),
+    "max ulp": (lambda r: r.update(max_ulp=3), "max_ulp 3"),
+    "histogram": (lambda r: r.update(histogram=[0, 0, 4] + [0] * 6), "4 histogram entries above 0 ULP"),
+    "signed zero": (lambda r: r.update(signed_zero=1), "signed_zero 1"),
+    "nan mismatch": (lambda r: r.update(nan_mismatch=1), "nan_mismatch 1"),
+    "offender": (lambda r: r["offenders"].append(_offender("ulp1")), "1 offenders"),
+    "oom pass": (lambda r: r.update(outcome="oom"), "outcome oom with verdict 'pass'"),
+    "key": (lambda r: r.update(key=r["key"] + "x"), "is not case_id|backend|check"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(INCONSISTENT))
+def test_a_record_that_contradicts_its_verdict_is_refused(tmp_path, full, capsys, what):
+    mutate, message = INCONSISTENT[what]
+    report = load(full)
+    mutate(_first_pass(report))
+    bad = _write(tmp_path / "bad.json", report)
+    assert main(["compare", str(full), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused: 1 inconsistencies" in err and message in err, err
+    assert main(["compare", str(bad), str(full)]) == 2  # a baseline too
+
+
+def test_a_one_ulp_pass_with_one_ulp_elements_is_consistent(tmp_path, full):
+    """No false refusal: under 1-ulp a pass may count ulp1 elements and list them as offenders."""
+    report = load(full)
+    r = _first_pass(report)
+    r.update(mode="1-ulp", max_ulp=1, histogram=[r["counts"]["exact"] - 1, 1] + [0] * 7)
+    r["counts"].update(exact=r["counts"]["exact"] - 1, ulp1=1)
+    r["offenders"].append(_offender("ulp1"))
+    assert load(_write(tmp_path / "ok.json", report))["records"]
+
+
+def test_duplicate_record_keys_are_refused(tmp_path, full, capsys):
+    report = load(full)
+    changed = copy.deepcopy(report["records"][0])
+    changed.update(verdict="fail", message="a second record of the same check")
+    report["records"].append(changed)
+    bad = _write(tmp_path / "dup.json", report)
+    assert main(["compare", str(full), str(bad)]) == 2
+    assert f"records[0] and records[{len(report['records']) - 1}] have one key {report['records'][0]['key']!r}" in capsys.readouterr().err
+
+
+def test_duplicate_section_rows_are_refused(tmp_path, full):
+    report = load(full)
+    row = {"id": "a/b", "verdict": "pass"}
+    report["sections"] = [{"name": "s", "title": "S", "columns": [], "rows": [row, dict(row, verdict="fail")], "verdict": "fail"}]
+    with pytest.raises(ValueError, match="section 's' has two rows 'a/b'"):
+        load(_write(tmp_path / "dup.json", report))
+
+
+@pytest.mark.parametrize("version, message", [("1.99", "newer than this reader's"), ("2.0", "not a report schema version"),
+                                              ("x", "not a report schema version")])
+def test_unknown_schema_versions_are_refused(tmp_path, full, capsys, version, message):
+    report = load(full)
+    report["schema_version"] = version
+    bad = _write(tmp_path / "v.json", report)
+    assert main(["compare", str(full), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"schema_version {version!r}" in err
+
+
+def test_the_limits_a_pass_is_checked_against_are_the_harness_tolerances():
+    from moe_fq_parity.harness.core.tolerances import MAX_ULP
+    from moe_fq_parity.harness.core.ulp import CLASSES
+    from moe_fq_parity.reports.schema import FAILING_CLASSES, PASS_MAX_ULP
+
+    assert PASS_MAX_ULP == MAX_ULP and set(FAILING_CLASSES) == set(CLASSES) - {"exact", "ulp1"}
+
+
+# --- compare: arguments, counts, cuts and warnings --------------------------------------------------
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "abc"])
+def test_threshold_must_be_a_finite_fraction(full, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--threshold", value, str(full), str(full)])
+    assert exc.value.code == 2 and "--threshold" in capsys.readouterr().err
+
+
+def _rows(n: int, verdict: str, prefix: str) -> list[dict]:
+    return [{"id": f"{prefix}{k:03d}", "verdict": verdict} for k in range(n)]
+
+
+def _section(rows: list[dict]) -> dict:
+    return {"name": "sec", "title": "Sec", "columns": [], "rows": rows, "verdict": "pass"}
+
+
+def test_missing_section_rows_are_not_hidden_behind_skips():
+    old = {"records": [], "sections": [_section(_rows(MAX_LISTED, "skip", "a") + _rows(3, "pass", "b"))]}
+    new = {"records": [], "sections": []}
+    d = diff_reports(old, new)
+    assert d.regressions == [f"section row missing in new report (coverage lost): sec:b{k:03d}" for k in range(3)]
+
+
+def test_headline_counts_records_and_rows_and_every_cut_list_says_how_many_more():
+    n_rec, n_rows = MAX_LISTED + 10, MAX_LISTED + 25
+    recs = [{"key": f"c{k:03d}|b|forward", "case_id": f"c{k:03d}", "backend": "b", "verdict": "pass", "counts": {"exact": 1}}
+            for k in range(n_rec)]
+    fails = [dict(r, verdict="fail", message="m") for r in recs[:3]]
+    old = {"records": recs, "sections": [_section(_rows(n_rows, "pass", "r"))]}
+    new = {"records": fails, "sections": []}
+    d = diff_reports(old, new)
+    assert d.totals["regressions"] == {"pass -> fail": 3, "missing record": n_rec - 3, "missing section row": n_rows}
+    text = format_diff(d)
+    assert text.splitlines()[0] == (f"{3 + n_rec - 3 + n_rows} regressions (3 pass -> fail, {n_rec - 3} missing record, "
+                                    f"{n_rows} missing section row), 0 improvements, 0 other changes")
+    assert f"  ... and {n_rec - 3 - MAX_LISTED} more missing record" in text and f"  ... and {n_rows - MAX_LISTED} more missing section row" in text
+    assert len(d.regressions) == 3 + MAX_LISTED + 1 + MAX_LISTED + 1
+
+
+def test_reports_of_other_backends_or_suites_are_named_first(full, tmp_path, capsys):
+    report = load(full)
+    report["meta"]["suite"] = "ci"
+    for r in report["records"]:
+        r["backend"] = "eager-loop"
+        r["key"] = f"{r['case_id']}|eager-loop|{r['check']}"
+    other = _write(tmp_path / "other.json", report)
+    assert main(["compare", str(full), str(other)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "WARNING: the reports ran different suite: baseline 'smoke', new 'ci'"
+    assert lines[1] == "WARNING: the reports ran different backends: only in the baseline ['reference'], only in the new report ['eager-loop']"
+
+
+# --- merge ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[tuple[str, dict]]:
+    base = tmp_path_factory.mktemp("shards")
+    for i in (1, 2):
+        assert _run(base / f"s{i}", "--shard", f"{i}/2", "--cases", "int*") == 0
+    return [(str(base / f"s{i}" / "report.json"), load(base / f"s{i}" / "report.json")) for i in (1, 2)]
+
+
+def _emptied(r: dict) -> None:
+    r["records"] = []
+
+
+def _cut(r: dict) -> None:
+    del r["records"][-1]
+
+
+def _other_nan_bits(r: dict) -> None:
+    r["meta"]["nan_bits"] = "strict"
+
+
+@pytest.mark.parametrize("mutate, message", [(_emptied, "lacks every record of case"), (_cut, "lacks the records of checks"),
+                                             (_other_nan_bits, "nan_bits 'strict' differs")])
+def test_merge_refuses_a_complete_shard_with_records_lost_or_another_nan_policy(shards, mutate, message):
+    assert len(merge_reports(shards)["records"]) == sum(len(r["records"]) for _, r in shards)
+    bad = copy.deepcopy(shards)
+    mutate(bad[1][1])
+    with pytest.raises(MergeError, match=message):
+        merge_reports(bad)
+    bad[1][1].update(complete=False, error="interrupted")
+    if mutate is not _other_nan_bits:  # an incomplete shard merges into an incomplete report
+        assert not merge_reports(bad)["complete"]
+
+
+def test_merge_refuses_shards_whose_shares_overlap(shards):
+    bad = copy.deepcopy(shards)
+    bad[1][1]["meta"]["cases"][0] = bad[0][1]["meta"]["cases"][0]
+    with pytest.raises(MergeError, match="is in the share of"):
+        merge_reports(bad)
+
+
+# --- one-line usage errors --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_merge_out_that_cannot_be_written_is_a_usage_error(shards, tmp_path, capsys, where):
+    out = tmp_path / "a_file" if where == "file" else Path("/proc/nope")
+    if where == "file":
+        out.write_text("keep")
+    assert main(["merge", shards[0][0], shards[1][0], "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot write the merged report to {out}")
+    assert where != "file" or out.read_text() == "keep"
+
+
+def test_absurd_shard_count_is_a_usage_error(tmp_path, capsys):
+    start = time.perf_counter()
+    assert _run(tmp_path / "x", "--shard", "1/99999999999") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "9 cases are selected, so at most 9 shards" in err
+    assert time.perf_counter() - start < 5 and not (tmp_path / "x" / "report.json").exists()
+
+
+def test_partition_cost_does_not_grow_with_the_part_count():
+    from moe_fq_parity.harness.core.partition import balance
+
+    weights = [5.0, 0.0, 3.0, 3.0, 1.0]
+    assert balance(weights, 10**11) == balance(weights, len(weights)) == [1, 5, 2, 3, 4]
+    with pytest.raises(ValueError, match=">= 0"):
+        balance([1.0, -1.0], 2)
+
+
+def test_selftest_unknown_control_backend_is_a_usage_error_before_any_mutant_runs(capsys):
+    assert main(["selftest", "--backend", "nope", "--mutant", "scale-reciprocal", "--case", ONE]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "unknown backend 'nope'" in err and "scale-reciprocal" not in out
+
+
+def test_selftest_json_under_a_file_is_a_usage_error_before_the_run(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    assert main(["selftest", "--no-controls", "--mutant", "scale-reciprocal", "--case", ONE, "--json", str(tmp_path / "f" / "x.json")]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "--json" in err and "scale-reciprocal" not in out
+
+
+# --- a failing run says what failed -----------------------------------------------------------------
+
+def test_a_failing_run_prints_the_first_failures_with_offenders_and_repro(tmp_path, capsys):
+    from moe_fq_parity.harness.core.failure_text import FAILURES_SHOWN
+
+    rc = _run(tmp_path / "f", "--backend", f"{BROKEN}:OneUlpHigh", "--formats", "int8")
+    report = load(tmp_path / "f" / "report.json")
+    failing = [r for r in report["records"] if r["verdict"] == "fail"]
+    out = capsys.readouterr().out
+    assert rc == 1 and len(failing) > FAILURES_SHOWN
+    assert out.count("first 10 offenders:") == FAILURES_SHOWN and f"FAIL 1/{len(failing)}: {failing[0]['check']} failed for" in out
+    assert f"  repro: {failing[0]['repro']}" in out and "expert  row  col" in out
+    assert f"... and {len(failing) - FAILURES_SHOWN} more failing records" in out
