@@ -158,3 +158,159 @@ def test_engine_internal_byte_entries_are_skipped_unread_and_nothing_else_is(tmp
     unsafe = check_entries(read_metadata(path), {**expected, "common_state/shard_0_1": ((1,), torch.float32)}, internal=internal)
     assert [p.kind for p in unsafe] == ["unsafe"]
     assert not _UNPICKLED
+
+
+# --- metadata that disagrees with the files: every size, dtype, offset and path is checked ----------------------------
+
+def _doctor(path, edit):
+    """Rewrite ``path``'s ``.metadata`` after ``edit(md)`` (the metadata read through the allow-list)."""
+    md = read_metadata(path)
+    edit(md)
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+def _entry(md, key):
+    return md.state_dict_metadata[key]
+
+
+def _storage(md, key):
+    return next(v for k, v in md.storage_data.items() if k.fqn == key)
+
+
+@pytest.fixture
+def flat(tmp_path):
+    """A checkpoint holding one 8-element fp32 vector ``v`` (one chunk) and ``TENSORS``."""
+    path = str(tmp_path / "flat")
+    save_full({**TENSORS, "v": torch.arange(8, dtype=torch.float32)}, path)
+    return path
+
+
+def _set_size(size):
+    def edit(md):
+        _entry(md, "v").size = torch.Size(size)
+    return edit
+
+
+def _set_dtype(md):
+    _entry(md, "v").properties.dtype = torch.float64
+
+
+def _set_chunk(offsets, sizes):
+    def edit(md):
+        c = _entry(md, "v").chunks[0]
+        c.offsets, c.sizes = torch.Size(offsets), torch.Size(sizes)
+    return edit
+
+
+def _set_storage(**fields):
+    def edit(md):
+        info = _storage(md, "v")
+        for k, v in fields.items():
+            setattr(info, k, v(info) if callable(v) else v)
+    return edit
+
+
+def _huge_consistent(md):
+    """Size and chunk both claim 2**50 elements: only the file can tell."""
+    e = _entry(md, "v")
+    e.size = torch.Size([2**50])
+    e.chunks[0].sizes = torch.Size([2**50])
+
+
+@pytest.mark.parametrize("edit,match", [
+    (_set_size([2**50]), r"'v'.*\(1125899906842624,\)"),
+    (_huge_consistent, r"'v'"),
+    (_set_size([16]), r"'v'.*chunks cover 8 of its 16 elements"),
+    (_set_size([4]), r"'v'.*outside"),
+    (_set_size([2, 4]), r"'v'"),
+    (_set_dtype, r"'v'.*stored as \(8,\) torch.float32; the metadata says \(8,\) torch.float64"),
+    (_set_chunk([4], [8]), r"'v'.*outside"),
+    (_set_chunk([0], [4]), r"'v'"),
+    (_set_storage(length=lambda i: i.length + 10**6), r"'v'.*past the end"),
+    (_set_storage(offset=-1), r"'v'"),
+    (_set_storage(offset=lambda i: i.offset + 1), r"'v'"),
+    (_set_storage(transform_descriptors=["zstd"]), r"'v'.*transform"),
+], ids=["size_2**50", "size_and_chunk_2**50", "size_16_over_8", "size_4_over_8", "shape_2x4", "dtype_f64",
+        "chunk_offset_4", "chunk_size_4", "length_past_eof", "offset_negative", "offset_shifted", "transform"])
+def test_metadata_that_disagrees_with_the_files_is_refused(flat, edit, match):
+    """Today's loader allocated first (2**50), NaN-filled or cut short what the chunks did not
+    cover, and converted a doctored dtype: each is now a ``CheckpointError`` naming the key."""
+    _doctor(flat, edit)
+    with pytest.raises(safe_io.CheckpointError, match=match):
+        load_full(flat)
+
+
+def test_no_allocation_is_tried_for_a_doctored_size(flat, monkeypatch):
+    _doctor(flat, _set_size([2**50]))
+    real = torch.full
+
+    def full(size, *a, **k):
+        assert torch.Size(size).numel() < 2**20, f"allocation of {tuple(size)} tried"
+        return real(size, *a, **k)
+
+    monkeypatch.setattr(torch, "full", full)
+    monkeypatch.setattr(torch, "empty", lambda size, *a, **k: full(size, *a, **k))
+    with pytest.raises(safe_io.CheckpointError, match="'v'"):
+        load_full(flat)
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+def test_a_storage_path_outside_the_checkpoint_folder_is_refused(flat, tmp_path, where):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = next(n for n in os.listdir(flat) if n.endswith(".distcp"))
+    with open(os.path.join(flat, data), "rb") as f:
+        (outside / data).write_bytes(f.read())
+    if where == "parent":
+        rel = os.path.join("..", "outside", data)
+    elif where == "absolute":
+        rel = str(outside / data)
+    else:
+        os.symlink(outside / data, os.path.join(flat, "link.distcp"))
+        rel = "link.distcp"
+    _doctor(flat, _set_storage(relative_path=rel))
+    with pytest.raises(UnsafeCheckpointError, match=r"'v'.*outside the checkpoint folder"):
+        load_full(flat)
+    with pytest.raises(UnsafeCheckpointError, match=r"'v'.*outside the checkpoint folder"):
+        SafeFileSystemReader(flat).read_metadata()
+
+
+def test_multi_chunk_entries_load_whole(tmp_path):
+    """Chunks that tile the tensor (as a sharded save writes them) are read and placed by offset."""
+    path = str(tmp_path / "chunks")
+    full = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    save_full({"t": full}, path)
+    md = read_metadata(path)
+    info = _storage(md, "t")
+    with open(os.path.join(path, info.relative_path), "rb") as f:
+        f.seek(info.offset)
+        blob = f.read(info.length)
+    # write the two row halves as separate chunks into a second file, as two ranks would
+    import io
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    pieces, items, off = [], {}, 0
+    for r0 in (0, 2):
+        buf = io.BytesIO()
+        torch.save(full[r0:r0 + 2].clone(), buf)
+        pieces.append(buf.getvalue())
+        items[MetadataIndex("t", torch.Size([r0, 0]))] = type(info)("halves.distcp", off, len(pieces[-1]))
+        off += len(pieces[-1])
+    with open(os.path.join(path, "halves.distcp"), "wb") as f:
+        f.write(b"".join(pieces))
+    assert blob  # the original stays, unreferenced
+    md.state_dict_metadata["t"].chunks = [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([2, 6])),
+                                          ChunkStorageMetadata(torch.Size([2, 0]), torch.Size([2, 6]))]
+    md.storage_data = items
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+    assert torch.equal(load_full(path)["t"], full)
+    # overlapping chunks (the second moved up one row) cover 20 of 24 elements twice-over: refused
+    md.state_dict_metadata["t"].chunks[1] = ChunkStorageMetadata(torch.Size([1, 0]), torch.Size([2, 6]))
+    md.storage_data = {MetadataIndex("t", torch.Size([0, 0])): items[MetadataIndex("t", torch.Size([0, 0]))],
+                       MetadataIndex("t", torch.Size([1, 0])): items[MetadataIndex("t", torch.Size([2, 0]))]}
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+    with pytest.raises(safe_io.CheckpointError, match="'t'.*overlap"):
+        load_full(path)

@@ -121,7 +121,8 @@ def test_ste_rows_catch_a_wrong_gradient():
 
 
 class RuleSequence:
-    """A backend whose clipped backward follows ``rules[k]`` on its k-th call (then the last rule)."""
+    """A backend whose clipped backward follows ``rules[k]`` on its k-th call (then the last rule);
+    the rule ``"zeroed"`` returns zero gradients (a call that follows no clip rule)."""
 
     device = "cpu"
     formats = {"int8"}
@@ -132,16 +133,30 @@ class RuleSequence:
     def ste_backward(self, weights, amax, grads, fmt, mode, **options):
         rule = self.rules[min(self.calls, len(self.rules) - 1)]
         self.calls += 1
+        if rule == "zeroed":
+            return [torch.zeros_like(g) for g in grads]
         return reference.ste_backward_experts(weights, amax, grads, mode, clip_rule=rule)
 
 
+TP, F32 = "torch_promotion", "fp32"
+
+
 @pytest.mark.parametrize("name,rules,verdict,per_call", [
-    ("modelopt-eager", ["torch_promotion"], "pass", "torch_promotion x7"),
-    ("modelopt-eager", ["fp32"], "fail", "fp32 x7"),
-    ("modelopt", ["torch_promotion", "torch_promotion", "fp32"], "pass", "torch_promotion x2, fp32 x5"),
-    ("modelopt", ["fp32"], "pass", "fp32 x7"),
-    ("modelopt", ["torch_promotion"] * 3 + ["fp32"], "fail", "torch_promotion x3, fp32 x4"),
-    ("modelopt", ["fp32", "torch_promotion"], "fail", "fp32 x1, torch_promotion x6"),
+    ("modelopt-eager", [TP], "pass", "torch_promotion x7"),
+    ("modelopt-eager", [F32], "fail", "fp32 x7"),
+    ("modelopt-eager", [TP, F32], "fail", "torch_promotion x1, fp32 x6"),
+    ("modelopt", [TP, TP, F32], "pass", "torch_promotion x2, fp32 x5"),
+    ("modelopt", [F32], "pass", "fp32 x7"),
+    ("modelopt", [TP], "pass", "torch_promotion x7"),
+    # the order in which TorchScript's profiling executor fuses is not a rule: any interleaving passes
+    ("modelopt", [TP] * 3 + [F32], "pass", "torch_promotion x3, fp32 x4"),
+    ("modelopt", [F32, TP], "pass", "fp32 x1, torch_promotion x6"),
+    ("modelopt", [TP, F32, F32, TP, F32], "pass", "torch_promotion x1, fp32 x2, torch_promotion x1, fp32 x3"),
+    # a call that follows neither rule fails the row, wherever it is
+    ("modelopt", [TP, F32, F32, "zeroed", F32], "fail", "torch_promotion x1, fp32 x2, none x1, fp32 x3"),
+    ("modelopt", ["zeroed"], "fail", "none x7"),
+    ("other", [F32, TP], "pass", "fp32 x1, torch_promotion x6"),
+    ("other", [TP, "zeroed", TP], "fail", "torch_promotion x1, none x1, torch_promotion x5"),
 ])
 def test_clip_rule_fingerprint_follows_calls(name, rules, verdict, per_call):
     from moe_fq_parity.harness.sections.external.checks import clip_rule_row

@@ -8,12 +8,12 @@ rows; exit status 1 when any row fails.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-from pathlib import Path
 
 from moe_fq_parity.reports.schema import dumps
+
+from moe_fq_parity.harness.sections.cli_args import cuda_state, gpu_count, json_path
 
 from .layout import matrix_layouts, parse_layout
 from .engines import ENGINES
@@ -31,19 +31,6 @@ def _layouts(text: str) -> tuple:
     return found
 
 
-def _json_path(text: str) -> Path:
-    """A file path whose folder exists and is writable (checked before the run, not after it)."""
-    path = Path(text)
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file path")
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text!r} does not exist")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.dist", description=__doc__.splitlines()[0])
     ap.add_argument("--save", type=_layouts, default=None, help="comma-separated save layouts, e.g. tp1ep2,tp2ep4 (default: all up to --max-world)")
@@ -52,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--engine", choices=("dcp", "megatron"), default="dcp")
-    ap.add_argument("--json", type=_json_path, default=None, help="write the rows as JSON to this file")
+    ap.add_argument("--json", type=json_path, default=None, help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
     try:  # every argument is checked before any rank starts
         every = tuple(matrix_layouts(args.max_world)) if args.save is None or args.load is None else ()
@@ -60,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         plan.validate()
     except ValueError as exc:
         ap.error(f"{exc}" if "max_world" not in str(exc) else f"--max-world: {exc}")
+    if args.device == "cuda":  # one GPU per rank (NCCL): the largest layout decides
+        widest = max(plan.save_layouts + plan.load_layouts, key=lambda lay: lay.world)
+        if widest.world > gpu_count():
+            ap.error(f"--device cuda: layout {widest.id} needs {widest.world} GPUs, one per rank ({cuda_state()}); "
+                     f"use --device cpu (gloo) or layouts of at most {gpu_count()} ranks")
     ok, why = ENGINES[args.engine].available(args.device)
     if not ok:
         print(f"error: engine {args.engine} is unavailable here: {why}", file=sys.stderr)

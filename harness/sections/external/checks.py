@@ -8,7 +8,8 @@
   fp32 amax lies strictly between two values of the weights' dtype and rounds up to one that is in
   the weights (plus an fp16 amax above 65504 with ``+-inf`` weights), one backend call per expert,
   evaluated under each ``reference.CLIP_RULES``; the row names the rule each call followed
-  (``per_call``) and passes when that is the backend's expected sequence (``EXPECTED_CLIP_RULE``).
+  (``per_call``) and passes when every call follows one of the backend's documented rules
+  (``DOCUMENTED_CLIP_RULES``; the order of the calls' rules is reported, never judged).
   The data is checked to separate the rules in every expert.
 * Calibration: ``backend.max_calibrate`` (Model-Optimizer's ``TensorQuantizer``) over two batches
   vs ``reference.max_calibrate`` + ``update_running_amax``, value for value, and the amax dtype
@@ -29,23 +30,21 @@ from .probes import generator
 STE_SHAPE = (8, 48)
 """Per-expert weight shape of the STE data (48 = 3 NVFP4 blocks)."""
 
-EXPECTED_CLIP_RULE: dict[str, tuple[str, str]] = {
-    "modelopt-eager": ("torch_promotion", "torch_promotion"),
+DOCUMENTED_CLIP_RULES: dict[str, tuple[str, ...]] = {
+    "modelopt-eager": ("torch_promotion",),
     "modelopt": ("torch_promotion", "fp32"),
 }
-"""The clip rule each external backend is expected to follow, as ``(first calls, later calls)``.
+"""The ``reference.CLIP_RULES`` each call of an external backend's clipped backward may follow.
 
 Model-Optimizer 0.47.0 computes the mask in ``_fake_tensor_quant_backward``, a
 ``torch.jit.script`` function: ``x.abs() <= amax`` with the 0-dim amax of a quantizer.  Run as
-written (every call on CPU; on CUDA the first ``PROFILING_CALLS`` calls of a process, which
-TorchScript's profiling executor runs unoptimized) it follows torch's type promotion
-(``torch_promotion``); once the profiling executor has fused it into a CUDA kernel, the comparison
-runs in fp32 (measured on an H100, torch 2.11.0+cu130: the first two of seven expert calls
-``torch_promotion``, the other five ``fp32``)."""
-
-PROFILING_CALLS = 2
-"""Calls TorchScript's profiling executor runs unoptimized before it fuses (measured: two, with
-``torch._C._jit_get_num_profiled_runs()`` at its default 1)."""
+written (always on CPU) it follows torch's type promotion (``torch_promotion``); once
+TorchScript's profiling executor has fused it into a CUDA kernel, the comparison runs in fp32.
+Which calls of a process run fused is the executor's choice, not a rule: on an H100 (torch
+2.11.0+cu130) the seven calls of the row run alone went ``torch_promotion`` x2, ``fp32`` x5, and
+inside the nightly ``torch_promotion, fp32, fp32, torch_promotion, fp32, fp32, fp32``.  So the
+verdict depends on what each call computed only: every call must follow one of the backend's
+documented rules (a backend not listed: one of ``reference.CLIP_RULES``), in any order."""
 
 
 def ste_data(fmt: str, seed: int, *, per_channel: bool) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
@@ -164,16 +163,16 @@ def _runs(seq: list[str]) -> str:
 
 def clip_rule_row(backend: object, fmt: str, seed: int, prefix: str) -> SectionRow:
     """Which ``reference.CLIP_RULES`` the backend's clipped backward follows, expert by expert in
-    call order (the fingerprint ``per_call``); passes when the sequence is the expected first-call
-    rule for at most ``PROFILING_CALLS`` calls and the expected later rule after that."""
+    call order (the fingerprint ``per_call``); passes when every call follows one of the backend's
+    ``DOCUMENTED_CLIP_RULES``, fails naming each call that follows none of them."""
     rid = f"{prefix}/{fmt}/ste/clip_rule"
     name = getattr(backend, "name", type(backend).__name__)
-    expected = EXPECTED_CLIP_RULE.get(name)
+    allowed = DOCUMENTED_CLIP_RULES.get(name, reference.CLIP_RULES)
     ws, amax, grads = clip_rule_data(fmt, seed)
     dev = backend_device(backend)
     want = {r: [t.reshape(-1).to(torch.float32) for t in reference.ste_backward_experts(ws, amax, grads, "clipped", clip_rule=r)]
             for r in reference.CLIP_RULES}
-    exp_text = "-" if expected is None else (expected[0] if expected[0] == expected[1] else f"{expected[0]} for the first <= {PROFILING_CALLS} calls, then {expected[1]}")
+    exp_text = " or ".join(allowed) + (", per call" if len(allowed) > 1 else "")
     fields = {"check": "ste_clip_rule", "format": fmt, "expected": exp_text, "elements": sum(w.numel() for w in ws)}
     separated = [int((~same_bits(a, b)).sum()) for a, b in zip(want["fp32"], want["torch_promotion"])]
     if not all(separated):
@@ -193,12 +192,10 @@ def clip_rule_row(backend: object, fmt: str, seed: int, prefix: str) -> SectionR
     matched = [r for r, n in counts.items() if n == 0]
     fields.update(matched=", ".join(matched) or "none", per_call=_runs(per_call),
                   mismatches="; ".join(f"{r}={n}" for r, n in counts.items()), separating_elements=sum(separated))
-    if expected is None:
-        ok = bool(matched)
-    else:
-        k = 0
-        while k < len(per_call) and per_call[k] == expected[0] and (expected[0] == expected[1] or k < PROFILING_CALLS):
-            k += 1
-        ok = all(r == expected[1] for r in per_call[k:])
-    return SectionRow(rid, "pass" if ok else "fail", fields,
-                      message="" if ok else f"expected {exp_text}; per call: {fields['per_call']} ({fields['mismatches']})")
+    off = [k for k, r in enumerate(per_call) if r not in allowed]
+    if not off:
+        return SectionRow(rid, "pass", fields)
+    why = "; ".join(f"call {k} ({ws[k].dtype}, amax {float(amax[k])!r}) follows {per_call[k] if per_call[k] != 'none' else 'no clip rule'}"
+                    for k in off)
+    return SectionRow(rid, "fail", fields,
+                      message=f"expected {exp_text}: {why}; per call: {fields['per_call']} ({fields['mismatches']})"[:500])

@@ -27,7 +27,9 @@ granularity)`` (``TensorQuantizer`` max calibration over a sequence of batches).
 
 from __future__ import annotations
 
-from functools import lru_cache
+import os
+import time
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -60,18 +62,124 @@ def modelopt_version() -> Optional[str]:
         return None
 
 
-@lru_cache(maxsize=None)
-def _cuda_extension(kind: str) -> str:
-    """Build/load one Model-Optimizer CUDA extension; ``""`` on success, else the reason."""
+EXTENSIONS: dict[str, str] = {"int": "modelopt_cuda_ext", "fp8": "modelopt_cuda_ext_fp8"}
+"""The Model-Optimizer CUDA extensions the ``modelopt`` backend runs (INT; FP8 and NVFP4's block
+scales), by kind.  Built by ``torch.utils.cpp_extension.load`` into the torch extensions folder
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions/py<ver>_cu<ver>/<name>``), which
+outlives the run: the first use on a host compiles (the FP8 one took 67 s inside the external
+section of a nightly on an H100), later runs load the built library."""
+
+
+@dataclass(frozen=True)
+class ExtensionBuild:
+    """How one extension came to be loaded: ``compiled`` (no built library was in the cache
+    folder before), the wall seconds, the ``phase`` (``prepare``: in the section process while
+    the cases ran; ``section``: in the section's own time) and the failure reason (``""`` when it
+    loaded)."""
+
+    name: str
+    compiled: bool
+    seconds: float
+    phase: str
+    error: str = ""
+
+    def __str__(self) -> str:
+        what = "failed" if self.error else "compiled" if self.compiled else "loaded from the cache"
+        return f"{self.name} {what} in {self.seconds:.1f} s ({self.phase})"
+
+
+BUILDS: dict[str, ExtensionBuild] = {}
+"""The extensions built or loaded in this process, by kind (shown in the external section's notes)."""
+
+
+def build_folder(name: str) -> Optional[str]:
+    """The torch extensions folder of extension ``name`` (``None`` where torch does not say)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return _get_build_directory(name, verbose=False)
+    except Exception:  # noqa: BLE001 - a private torch helper: its absence only hides the folder
+        return None
+
+
+def _library_cached(name: str) -> bool:
+    folder = build_folder(name)
+    return folder is not None and os.path.isfile(os.path.join(folder, f"{name}.so"))
+
+
+def _cuda_extension(kind: str, phase: str = "section") -> str:
+    """Build/load one Model-Optimizer CUDA extension; ``""`` on success, else the reason.  Once per
+    process: the first call's outcome is kept in ``BUILDS``."""
+    if kind in BUILDS:
+        return BUILDS[kind].error
     ext, why = try_import("modelopt.torch.quantization.extensions")
     if ext is None:
         return why
     getter = {"int": ext.get_cuda_ext, "fp8": ext.get_cuda_ext_fp8}[kind]
+    name = EXTENSIONS[kind]
+    cached = _library_cached(name)
+    if not cached:
+        print(f"external: compiling Model-Optimizer's CUDA extension {name} into {build_folder(name)} "
+              f"(first use on this host; later runs load it)", flush=True)
+    t0 = time.perf_counter()
     try:
         loaded = getter(raise_if_failed=True)
+        error = "" if loaded is not None else f"modelopt {kind} CUDA extension did not load"
     except Exception as exc:  # noqa: BLE001 - a failed build is a reason
-        return f"modelopt {kind} CUDA extension failed to build: {type(exc).__name__}: {exc}"[:300]
-    return "" if loaded is not None else f"modelopt {kind} CUDA extension did not load"
+        error = f"modelopt {kind} CUDA extension failed to build: {type(exc).__name__}: {exc}"[:300]
+    BUILDS[kind] = ExtensionBuild(name, not cached, round(time.perf_counter() - t0, 1), phase, error)
+    return error
+
+
+def nvml_arch_list() -> str:
+    """``TORCH_CUDA_ARCH_LIST`` for the GPUs of this host (``"9.0"``; distinct compute
+    capabilities, space separated), read through NVML: no CUDA initialisation.  ``""`` where NVML
+    cannot say (no driver, no GPU)."""
+    from ctypes import CDLL, byref, c_int, c_void_p
+
+    try:
+        nvml = CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return ""
+    if nvml.nvmlInit_v2() != 0:
+        return ""
+    try:
+        count = c_int(0)
+        if nvml.nvmlDeviceGetCount_v2(byref(count)) != 0:
+            return ""
+        caps = set()
+        for i in range(count.value):
+            handle, major, minor = c_void_p(), c_int(0), c_int(0)
+            if nvml.nvmlDeviceGetHandleByIndex_v2(i, byref(handle)) == 0 and \
+                    nvml.nvmlDeviceGetCudaComputeCapability(handle, byref(major), byref(minor)) == 0:
+                caps.add((major.value, minor.value))
+        return " ".join(f"{a}.{b}" for a, b in sorted(caps))
+    finally:
+        nvml.nvmlShutdown()
+
+
+def prepare_extensions() -> str:
+    """Build (first use on a host) or load the ``EXTENSIONS`` in this process without initialising
+    CUDA, so the section's run finds them loaded; returns what was done, or why nothing was.
+
+    Called by the external section's ``prepare()`` in its own process while the run's cases still
+    use the GPU.  Model-Optimizer reads the GPU's compute capability with
+    ``torch.cuda.get_device_capability()`` (which initialises CUDA) unless ``TORCH_CUDA_ARCH_LIST``
+    is set; here it is set from NVML (``nvml_arch_list``) when the user has not set it.  What
+    remains is ``torch.cuda.is_available()`` (a device count; ``torch.cuda.is_initialized()``
+    stays False).  A failed build is recorded, and reported by the section's rows as today."""
+    if try_import(_TENSOR_QUANT)[0] is None:
+        return "nvidia-modelopt not importable"
+    if torch.version.cuda is None:
+        return "a CPU-only torch: nothing to build"
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        arch = nvml_arch_list()
+        if not arch:
+            return "no GPU visible through NVML: nothing to build"
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    for kind in EXTENSIONS:
+        _cuda_extension(kind, "prepare")
+    return "; ".join(str(b) for b in BUILDS.values())
 
 
 class ModeloptBackend:

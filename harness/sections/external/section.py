@@ -17,10 +17,17 @@ For every backend of ``harness.external.BACKENDS`` that can run here, and every 
 
 A backend that cannot run here gives one ``skip`` row with its reason; a format it cannot run
 here, one ``skip`` row per format.
+
+``prepare()`` (called by ``harness.sections.start_sections`` in the section's own process while
+the run's cases still run) builds or loads Model-Optimizer's CUDA extensions there
+(``modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
+compiles them beside the cases instead of inside the section; the notes say, per extension,
+whether it was compiled or loaded, in which phase and how long it took.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import torch
@@ -30,7 +37,7 @@ from moe_fq_parity import reference
 from . import BACKENDS
 from .checks import calibration_rows, clip_rule_row, ste_rows
 from .match_cases import Case, build_cases
-from .modelopt_backend import modelopt_version
+from .modelopt_backend import BUILDS, modelopt_version, prepare_extensions
 from .registry import resolve
 from .te_backend import te_version
 from .variant_match import FormatMatch, match_variants
@@ -154,6 +161,21 @@ def backend_rows(name: str, spec: str, seed: int, sizes: dict[str, int], device:
     return rows
 
 
+PREPARED: list[str] = []
+"""What ``prepare()`` did in this process (empty when it was not called)."""
+
+
+def prepare() -> None:
+    """Before the section's turn: build or load the Model-Optimizer CUDA extensions (see the module
+    docstring); never initialises CUDA, never raises (a failed build is reported by the rows)."""
+    t0 = time.perf_counter()
+    try:
+        done = prepare_extensions()
+    except Exception as exc:  # noqa: BLE001 - the section's rows report what cannot run
+        done = f"failed: {type(exc).__name__}: {exc}"[:200]
+    PREPARED.append(f"{done} [{time.perf_counter() - t0:.1f} s]")
+
+
 def run(suite: str, seed: int, device: str) -> Section:
     """Section runner (``harness.sections.SECTION_RUNNERS["external"]``)."""
     sizes = SUITE_SIZES[parse_suite(suite)]
@@ -164,4 +186,8 @@ def run(suite: str, seed: int, device: str) -> Section:
     notes = (f"nvidia-modelopt {modelopt_version() or 'not installed'}; transformer_engine {te_version() or 'not importable'}; "
              f"torch {torch.__version__}; 'modelopt' = CUDA extension (INT, FP8) and Triton (NVFP4) path, "
              f"'modelopt-eager' = its eager torch code on CPU; suite {suite}: {sizes}")
+    if BUILDS:
+        notes += "; Model-Optimizer CUDA extensions: " + ", ".join(str(b) for b in BUILDS.values())
+    elif PREPARED:
+        notes += f"; prepare: {PREPARED[-1]}"
     return Section("external", "External implementations vs reference variants", COLUMNS, rows, notes)

@@ -21,6 +21,7 @@ Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --back
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -290,25 +291,33 @@ def tie_probe(backend: object) -> dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: print the match of one backend per format; ``--json`` writes every record."""
+    from moe_fq_parity.harness.sections.cli_args import at_least, json_path
+
     from .registry import load_backend
 
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
     p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, the built-ins) or module:object")
-    p.add_argument("--format", dest="fmt", action="append", help="format (repeatable); default: all the backend runs")
+    p.add_argument("--format", dest="fmt", action="append", choices=reference.FORMATS, help="format (repeatable); default: all the backend runs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-ties", type=int, default=200)
-    p.add_argument("--n-split", type=int, default=4)
-    p.add_argument("--cap", type=int, default=DEFAULT_CAP)
-    p.add_argument("--show", type=int, default=4, help="offenders printed per variant and case")
+    p.add_argument("--n-ties", type=at_least(1), default=200)
+    p.add_argument("--n-split", type=at_least(0), default=4)
+    p.add_argument("--cap", type=at_least(0), default=DEFAULT_CAP)
+    p.add_argument("--show", type=at_least(0), default=4, help="offenders printed per variant and case")
     p.add_argument("--narrow-range", action="store_true", help="INT formats: narrow range")
-    p.add_argument("--json", help="write the full records (offenders included) to this file")
+    p.add_argument("--json", type=json_path, help="write the full records (offenders included) to this file")
     p.add_argument("--tie-probe", action="store_true",
                    help="NVFP4: also run the exact-tie probe (reference.nvfp4.nvfp4_tie_probe) and print what the backend gives")
     args = p.parse_args(argv)
-    backend, why = load_backend(args.backend)
+    try:
+        backend, why = load_backend(args.backend)
+    except ValueError as exc:  # malformed or unknown: a usage error
+        p.error(f"--backend: {exc}")
     if backend is None:
-        print(f"{args.backend}: unavailable: {why}")
+        print(f"error: {args.backend}: unavailable: {why}", file=sys.stderr)
         return 2
+    foreign = [f for f in args.fmt or () if f not in backend.formats]
+    if foreign:
+        p.error(f"--format: {getattr(backend, 'name', args.backend)} does not run {foreign}; it runs {sorted(backend.formats)}")
     results = []
     for fmt in args.fmt or sorted(backend.formats):
         probe = getattr(backend, "format_available", None)

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from moe_fq_parity.cases import SUITE_NAMES
+from moe_fq_parity.harness.sections.cli_args import device
 
 from .section import run
 
@@ -18,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.moe", description=__doc__)
     p.add_argument("--suite", choices=SUITE_NAMES, default="smoke")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--filter", default="", help="only rows whose id contains this substring")
     args = p.parse_args(argv)
     section = run(args.suite, args.seed, args.device)

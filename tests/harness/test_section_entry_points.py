@@ -1,0 +1,111 @@
+"""The sections' ``python -m`` entry points on bad arguments or a missing device: one-line usage
+errors (exit 2) before any work starts, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from moe_fq_parity.harness.sections import cli_args
+from moe_fq_parity.harness.sections.dist import __main__ as dist_main
+from moe_fq_parity.harness.sections.external import variant_match
+from moe_fq_parity.harness.sections.moe import __main__ as moe_main
+from moe_fq_parity.harness.sections.selftest import seeds
+
+
+def _usage(capsys, main, argv, match):
+    """``main(argv)`` exits 2 with one ``error:`` line naming ``match`` and no traceback."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert "error:" in last and match in last, err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(cli_args, "gpu_count", lambda: 0)
+
+
+@pytest.mark.parametrize("main,argv,match", [
+    (moe_main.main, ["--device", "cuda"], "no CUDA device here"),
+    (moe_main.main, ["--device", "cuda:3"], "no CUDA device here"),
+    (moe_main.main, ["--device", "nope"], "unknown device 'nope'"),
+    (moe_main.main, ["--device", "mps"], "not supported"),
+    (variant_match.main, ["--backend", "nope"], "--backend: unknown backend 'nope'"),
+    (variant_match.main, ["--backend", "reference", "--format", "int9"], "--format: invalid choice"),
+    (variant_match.main, ["--backend", "reference", "--n-ties", "0"], "--n-ties: expected an integer >= 1, got 0"),
+    (variant_match.main, ["--backend", "reference", "--show", "-1"], "--show"),
+    (variant_match.main, ["--backend", "reference", "--json", "/nonexistent/x.json"], "does not exist"),
+    (seeds.main, ["--suite", "weekly"], "unknown suite 'weekly'"),
+    (seeds.main, ["--backend", "nope"], "--backend: unknown backend 'nope'"),
+    (seeds.main, ["--backend", ","], "--backend: no backend"),
+    (seeds.main, ["--seeds", "0"], "--seeds: expected an integer >= 1"),
+    (seeds.main, ["--json", "/nonexistent/x.json"], "does not exist"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_arguments_are_usage_errors(capsys, no_gpu, main, argv, match):
+    _usage(capsys, main, argv, match)
+
+
+def test_cuda_index_past_the_devices(capsys, monkeypatch):
+    monkeypatch.setattr(cli_args, "gpu_count", lambda: 2)
+    _usage(capsys, moe_main.main, ["--device", "cuda:2"], "only 2 CUDA device(s) here")
+
+
+def test_a_backend_without_the_format_is_a_usage_error(capsys):
+    _usage(capsys, variant_match.main, ["--backend", "tests.harness.test_section_entry_points:INT8_ONLY", "--format", "nvfp4"],
+           "does not run ['nvfp4']")
+
+
+def test_unavailable_backends_exit_2_with_the_reason(capsys):
+    """A backend asked for by name that cannot run here: exit 2, the reason on stderr."""
+    assert seeds.main(["--backend", "reference,tests.harness.test_section_entry_points:NEVER", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unavailable backends:") and "not today" in err
+
+
+class _Never:
+    name = "never"
+    formats = {"int8"}
+
+    def available(self):
+        return False, "not today"
+
+    def fake_quant(self, weights, amax, fmt, **options):
+        raise AssertionError("never called")
+
+
+NEVER = _Never()
+
+
+class _Int8Only(_Never):
+    def available(self):
+        return True, ""
+
+
+INT8_ONLY = _Int8Only()
+
+
+@pytest.mark.parametrize("gpus,argv,match", [
+    (0, ["--device", "cuda", "--save", "tp1ep2", "--load", "tp1ep2"], "layout tp1ep2 needs 2 GPUs"),
+    (0, ["--device", "cuda"], "needs 8 GPUs"),
+    (2, ["--device", "cuda", "--save", "tp1ep2", "--load", "tp2ep2"], "layout tp2ep2 needs 4 GPUs"),
+])
+def test_dist_cuda_without_enough_gpus(capsys, monkeypatch, gpus, argv, match):
+    monkeypatch.setattr(dist_main, "gpu_count", lambda: gpus)
+    _usage(capsys, dist_main.main, argv, match)
+
+
+def test_dist_cuda_on_a_host_without_gpus_end_to_end(tmp_path):
+    """The command as a user types it, no GPU visible: one line on stderr, exit 2, nothing run."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--device", "cuda"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].startswith("python -m moe_fq_parity.harness.sections.dist: error: --device cuda: layout")
