@@ -1,0 +1,47 @@
+"""Third-party import warnings stay out of our output, and only those (``_imports.quiet_import``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from moe_fq_parity.harness.sections.external._imports import try_import
+
+from tests.extras import importable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_an_optional_import_hides_its_own_warnings_only(tmp_path, monkeypatch):
+    (tmp_path / "noisy_optional_pkg.py").write_text("import warnings\nwarnings.warn('Apex is not installed', UserWarning)\nVALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mod, why = try_import("noisy_optional_pkg")
+        assert mod is not None and mod.VALUE == 1 and why == ""
+        assert [str(w.message) for w in seen] == []
+        warnings.warn("the user's own warning", UserWarning)  # the filter did not outlive the import
+    assert [str(w.message) for w in seen] == ["the user's own warning"]
+
+
+LIST_LINE = re.compile(r"^(suite \S+: \d+ cases, [\d.]+ M elements|backends: .*|  \S+\s+(built-in|external)\s+(available|unavailable).*)$")
+
+
+@pytest.mark.skipif(not (importable("megatron") or importable("modelopt")), reason="Megatron-Core / Model-Optimizer not installed: nothing warns")
+def test_list_prints_its_table_and_no_third_party_warnings():
+    """With the README's install line, ``list`` printed five Megatron-Core ``UserWarning``s (Apex and
+    Transformer Engine missing) in the middle of its table; every stdout line is a table line and
+    stderr is empty."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness", "list"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
+    bad = [ln for ln in proc.stdout.splitlines() if not LIST_LINE.match(ln)]
+    assert not bad and "modelopt-eager" in proc.stdout, bad
