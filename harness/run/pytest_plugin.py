@@ -255,7 +255,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         share_cpus(int(config.workerinput.get("workercount", 1)))
         return
-    if settings.explicit_backends:
+    if settings.explicit_backends and not config.option.collectonly:  # listing tests runs no backend
         _check_named_backends(settings)
     if settings.report_dir is not None:
         _check_report_dir(settings.report_dir)

@@ -47,3 +47,10 @@ class OnMeta(_Reference):
 
 Reference = _Reference
 """Correct: every check passes."""
+INSTANCE = _Reference()
+"""An instance: used as it is."""
+
+
+def make_reference() -> _Reference:
+    """A function taking no argument: called once to build the backend."""
+    return _Reference()

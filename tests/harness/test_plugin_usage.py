@@ -172,3 +172,25 @@ def test_report_of_a_passing_run_is_complete(run_pytest, tmp_path):
     validate(report)
     assert report["complete"] is True and report["error"] is None and {r["verdict"] for r in report["records"]} <= {"pass", "skip"}
     assert any(r["verdict"] == "pass" for r in report["records"])
+
+
+def test_a_backend_spec_names_an_instance_a_class_or_a_factory():
+    """What the README says of ``pkg.mod:obj``: an instance is used as it is; a class, or a function
+    taking no argument, is called once with no argument."""
+    from moe_fq_parity.harness.backends import load
+
+    from tests.harness import plugin_backends as pb
+
+    loaded = {name: load(B + name) for name in ("INSTANCE", "Reference", "make_reference")}
+    assert all(lb.available for lb in loaded.values()), {n: lb.why_not for n, lb in loaded.items()}
+    assert loaded["INSTANCE"].obj is pb.INSTANCE
+    assert type(loaded["Reference"].obj) is pb.Reference and loaded["Reference"].obj is not pb.INSTANCE
+    assert type(loaded["make_reference"].obj) is pb.Reference
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "an instance is used as it is; a class, or a function taking no argument, is called once with no argument" in readme
+
+
+def test_collect_only_lists_the_tests_of_a_named_backend_that_cannot_run(run_pytest):
+    """Listing runs no backend: ``--collect-only`` is no usage error (the run itself is)."""
+    rc, out, err = run_pytest("--parity-backend", B + "Unavailable", "--parity-suite", "smoke", "--collect-only", "-k", ONE_K)
+    assert rc == 0 and f"{ONE_CASE}-{B}Unavailable-forward]" in out, out[-2000:] + err[-2000:]
