@@ -45,3 +45,20 @@ def test_list_prints_its_table_and_no_third_party_warnings():
     assert proc.stderr == "", proc.stderr[-2000:]
     bad = [ln for ln in proc.stdout.splitlines() if not LIST_LINE.match(ln)]
     assert not bad and "modelopt-eager" in proc.stdout, bad
+
+
+def test_an_upstream_call_hides_that_package_s_warnings_only(tmp_path, monkeypatch):
+    from moe_fq_parity.harness.sections.external._imports import quiet_upstream
+
+    (tmp_path / "noisy_upstream_pkg.py").write_text(
+        "import warnings\ndef load():\n    warnings.warn('load_state_dict is deprecated', FutureWarning)\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import noisy_upstream_pkg
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_upstream("noisy_upstream_pkg", FutureWarning):
+            assert noisy_upstream_pkg.load() == 1
+            warnings.warn("ours, inside the block", FutureWarning)
+        noisy_upstream_pkg.load()  # after the block: shown again
+    assert [str(w.message) for w in seen] == ["ours, inside the block", "load_state_dict is deprecated"]

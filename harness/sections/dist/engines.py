@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from moe_fq_parity.harness.sections.external._imports import quiet_import
+from moe_fq_parity.harness.sections.external._imports import quiet_import, quiet_upstream
 
 from .launch import RankContext
 from .safe_io import (
@@ -203,7 +203,8 @@ class MegatronEngine:
             from megatron.core import dist_checkpointing
 
         try:
-            loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
+            with quiet_upstream("megatron", FutureWarning):  # its loader calls torch's deprecated load_state_dict
+                loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
         except CheckpointException as exc:  # its torch_dist strategy reads through DCP
             raise dcp_failure(exc, path) from None
         return {s.key: loaded[s.key] for s in specs}

@@ -21,6 +21,17 @@ def quiet_import() -> Iterator[None]:
         yield
 
 
+
+@contextmanager
+def quiet_upstream(package: str, category: type[Warning] = Warning) -> Iterator[None]:
+    """Hide, inside the block, the ``category`` warnings that ``package``'s own modules give (say,
+    Megatron-Core's checkpoint loader calling a deprecated torch API: one ``FutureWarning`` per rank
+    and load, 162 lines in a run); any other warning shows as before."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=category, module=rf"{package}(\.|$)")
+        yield
+
+
 @lru_cache(maxsize=None)
 def try_import(module: str) -> tuple[Optional[ModuleType], str]:
     """``(module, "")`` or ``(None, reason)``; the reason names the module and the error.
