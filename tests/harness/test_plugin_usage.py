@@ -194,3 +194,21 @@ def test_collect_only_lists_the_tests_of_a_named_backend_that_cannot_run(run_pyt
     """Listing runs no backend: ``--collect-only`` is no usage error (the run itself is)."""
     rc, out, err = run_pytest("--parity-backend", B + "Unavailable", "--parity-suite", "smoke", "--collect-only", "-k", ONE_K)
     assert rc == 0 and f"{ONE_CASE}-{B}Unavailable-forward]" in out, out[-2000:] + err[-2000:]
+
+
+def test_report_of_a_users_test_failing_after_a_passing_check_is_incomplete(tmp_path, capsys, monkeypatch):
+    """A failure the records cannot say (the user's own assertion after a passing check): the report
+    is not complete and names the failed test."""
+    for key in [k for k in __import__("os").environ if k.startswith("PARITY_")]:
+        monkeypatch.delenv(key)
+    (tmp_path / "test_mine.py").write_text(
+        "def test_mine(parity_check):\n    assert parity_check('forward').verdict == 'pass'\n    assert False, 'my own check'\n")
+    rep = tmp_path / "rep"
+    rc = pytest.main(["-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), str(tmp_path / "test_mine.py"), "--parity-backend",
+                      "reference", "--parity-suite", "smoke", "--parity-report", str(rep), "-k", ONE_K])
+    out = capsys.readouterr().out
+    assert rc == pytest.ExitCode.TESTS_FAILED and "1 failed" in out, out[-3000:]
+    report = json.loads((rep / "report.json").read_text())
+    assert [r["verdict"] for r in report["records"]] == ["pass"]
+    assert report["complete"] is False and "1 parity tests failed in pytest without a failing record" in report["error"], report["error"]
+    assert f"test_mine.py::test_mine[{ONE_CASE}-reference] (call): AssertionError: my own check" in report["error"], report["error"]
