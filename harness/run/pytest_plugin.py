@@ -128,6 +128,8 @@ def _usage(opt: str, message: str) -> pytest.UsageError:
 
 
 def _number(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """``kind`` (``int``/``float``) whose ``ValueError`` says what was expected and what was given."""
+
     def cast(text: str) -> Any:
         try:
             return kind(text)
@@ -181,6 +183,8 @@ def _resolve(config: pytest.Config) -> ParitySettings:
         validate_config((), None, timeout, nan_bits, mode)
     except ValueError as exc:  # "--timeout: ..." -> "--parity-timeout / PARITY_TIMEOUT: ..."
         opt, _, message = str(exc).partition(": ")
+        if opt not in _CLI_OPTIONS:
+            raise pytest.UsageError(f"parity settings: {exc}") from None
         raise _usage(_CLI_OPTIONS[opt], message) from None
     seed = pick("seed", DEFAULT_SEED, _number(int, "an integer"))
     backends = pick("backend", None, lambda s: [s])
