@@ -48,3 +48,20 @@ def test_golden_vectors_are_package_data():
         pytest.skip("tomllib needs Python >= 3.11")
     data = cfg["tool"]["setuptools"]["package-data"]["moe_fq_parity.reference"]
     assert "data/*.npz" in data and (REPO / "reference" / "data" / "modelopt_cuda_vectors.npz").exists()
+
+
+def test_own_kernel_section_installs_the_cpu_torch_before_the_package():
+    """A kernel author on a CPU machine follows the README's "Check your own kernel" section: its
+    install lines pin the torch that ``.ci/run`` installs (the CPU build; a bare ``torch``
+    requirement pulls the CUDA build, about 5.6 GB) before they install the package."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Check your own kernel"):]
+    section = section[:section.index("\n## ", 1)]
+    lines = [ln.split("#")[0].split() for ln in section.splitlines() if ln.startswith("pip install ")]
+    ci_pin = re.search(r"pip install -q (torch==[\d.]+)\n", (REPO / ".ci" / "run").read_text()).group(1)
+    first_torch = next((k for k, ln in enumerate(lines) if any(a.startswith("torch") for a in ln)), None)
+    ours = next((k for k, ln in enumerate(lines) if "moe-fq-parity" in ln), None)
+    assert ours is not None and first_torch is not None and first_torch < ours, lines
+    assert ci_pin in lines[first_torch] and "CPU" in section.split("pip install moe-fq-parity")[0], lines

@@ -257,7 +257,14 @@ def _cmd_merge(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     validate(merged)
-    json_path, html_path = write_report(args.out, merged)
+    from .runner import OutDirBusy, out_lock
+
+    try:
+        with out_lock(args.out):  # the run lock of --out: never two writers of one report
+            json_path, html_path = write_report(args.out, merged)
+    except OutDirBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     counts = {v: sum(r["verdict"] == v for r in merged["records"]) for v in ("pass", "fail", "skip")}
     print(f"merged {len(args.reports)} shards: {len(merged['records'])} records ({counts['pass']} passed, {counts['fail']} failed, "
           f"{counts['skip']} skipped){'' if merged['complete'] else ' INCOMPLETE: ' + str(merged['error'])}; report: {json_path} and {html_path}")

@@ -38,7 +38,16 @@ parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``,
   that case and dropped at the teardown of the last one (``nextitem`` is another case), so nothing
   that outlives the case's tests holds it; each record carries the check's peak CUDA memory.
 * Settings are resolved once (command line > environment ``PARITY_*`` > default) into a frozen
-  ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.
+  ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.  Every value is
+  checked at session start by the CLI's checks (a bad one is a one-line usage error, exit 4), and so
+  is every backend named with ``--parity-backend``/``PARITY_BACKENDS``: one that cannot run here is a
+  usage error (the CLI's exit 2), only the default built-ins are skipped when unavailable.
+* ``--parity-report DIR`` holds ``DIR``'s run lock (``harness.run.runner.out_lock``, as ``run --out``)
+  for the session; the report is started when tests start to run (a usage error, an empty selection
+  or ``--collect-only`` writes nothing) and is complete only when every selected test ran and every
+  failed parity test has a failing record.
+* Hypothesis (the ``test`` extra) is imported only where installed: the plugin, and the ready parity
+  test, need the base install alone.
 """
 
 from __future__ import annotations
@@ -50,7 +59,6 @@ from typing import Any, Callable, Container, Optional
 
 import pytest
 
-from . import hypothesis_profiles
 from moe_fq_parity.harness.core.triton_env import prepare
 
 prepare()
@@ -77,13 +85,20 @@ class ParitySettings:
     backends: tuple[str, ...]
     mode: str
     timeout_s: Optional[float]
-    hypothesis_profile: str
+    hypothesis_profile: Optional[str]
+    """``None`` where Hypothesis is not installed."""
     nan_bits: str = DEFAULT_NAN_BITS
+    explicit_backends: bool = False
+    """The backends were named (option or environment): each must be available here."""
 
 
 SETTINGS = pytest.StashKey[ParitySettings]()
 RECORDS = pytest.StashKey[list]()
+UNRECORDED = pytest.StashKey[list]()
+"""Parity tests that failed in pytest where no record of the report can say so (see ``pytest_runtest_makereport``)."""
+ITEM_RECORDS = pytest.StashKey[list]()
 WRITER = pytest.StashKey[Any]()
+LOCK = pytest.StashKey[Any]()
 GPU_GROUPS = pytest.StashKey[int]()
 """xdist controller: the number of GPU groups scheduled (0 or absent: xdist's own scheduling)."""
 
@@ -100,44 +115,123 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="NaN payload/sign policy (env PARITY_NAN_BITS; default any: not compared; strict: counted as class nan_bits)")
 
 
+ENV_NAMES = {"report": "REPORT", "seed": "SEED", "suite": "SUITE", "backend": "BACKENDS", "mode": "MODE", "timeout": "TIMEOUT",
+             "nan_bits": "NAN_BITS"}
+"""Option ``--parity-X`` -> its environment variable ``PARITY_<name>``."""
+_CLI_OPTIONS = {"--mode": "mode", "--timeout": "timeout", "--nan-bits": "nan_bits"}
+"""The CLI's option names in ``validate_config``'s messages -> this plugin's options."""
+
+
+def _usage(opt: str, message: str) -> pytest.UsageError:
+    """A one-line usage error naming the option and its environment variable."""
+    return pytest.UsageError(f"--parity-{opt.replace('_', '-')} / {ENV_PREFIX}{ENV_NAMES[opt]}: {message}")
+
+
+def _number(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    """``kind`` (``int``/``float``) whose ``ValueError`` says what was expected and what was given."""
+
+    def cast(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"expected {what}, got {text!r}") from None
+
+    return cast
+
+
+def _hypothesis_profiles() -> Any:
+    """``harness.run.hypothesis_profiles``, or ``None`` where Hypothesis is not installed (it comes with
+    the ``test`` extra: the plugin loads, and runs the parity tests, without it)."""
+    try:
+        from . import hypothesis_profiles
+    except ModuleNotFoundError as exc:
+        if exc.name != "hypothesis":
+            raise
+        return None
+    return hypothesis_profiles
+
+
 def _resolve(config: pytest.Config) -> ParitySettings:
+    """Every setting from the command line, else ``PARITY_*``, else its default, checked the way the
+    CLI checks its options (``harness.run.runner.validate_config``): a bad value is a one-line
+    ``pytest.UsageError`` before any test runs.  An environment variable set to the empty string is
+    refused (an empty ``PARITY_BACKENDS`` would otherwise mean "every built-in")."""
     from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES
 
-    def pick(opt: str, env: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
-        value = config.getoption(opt)
+    from .runner import validate_config
+
+    def pick(opt: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
+        value = config.getoption("parity_" + opt)
         if value is not None:
             return value
-        if os.environ.get(ENV_PREFIX + env):
-            return cast(os.environ[ENV_PREFIX + env])
-        return default
+        env = ENV_PREFIX + ENV_NAMES[opt]
+        if env not in os.environ:
+            return default
+        if not os.environ[env].strip():
+            raise pytest.UsageError(f"{env} is set but empty: give a value or unset it")
+        try:
+            return cast(os.environ[env])
+        except ValueError as exc:
+            raise _usage(opt, f"{exc}") from None
 
-    suite = pick("parity_suite", "SUITE", None)
+    suite = pick("suite", None)
     if suite is not None and suite not in SUITE_NAMES:
-        raise pytest.UsageError(f"--parity-suite {suite!r}: known suites are {list(SUITE_NAMES)}")
+        raise _usage("suite", f"unknown suite {suite!r}; known: {', '.join(SUITE_NAMES)}")
+    timeout = pick("timeout", CALL_TIMEOUT_S, _number(float, "seconds as a number"))
+    nan_bits, mode = pick("nan_bits", DEFAULT_NAN_BITS), pick("mode", "strict")
     try:
-        timeout = float(pick("parity_timeout", "TIMEOUT", CALL_TIMEOUT_S, float))
-    except ValueError as exc:
-        raise pytest.UsageError(f"--parity-timeout / PARITY_TIMEOUT: expected seconds as a number, {exc}") from None
-    if not timeout >= 0:
-        raise pytest.UsageError(f"--parity-timeout / PARITY_TIMEOUT: expected seconds >= 0 (0: none), got {timeout:g}")
-    nan_bits = pick("parity_nan_bits", "NAN_BITS", DEFAULT_NAN_BITS)
-    if nan_bits not in NAN_BITS_MODES:
-        raise pytest.UsageError(f"--parity-nan-bits / PARITY_NAN_BITS: expected one of {list(NAN_BITS_MODES)}, got {nan_bits!r}")
-    backends = pick("parity_backend", "BACKENDS", None, lambda s: [b for b in s.split(",") if b])
+        validate_config((), None, timeout, nan_bits, mode)
+    except ValueError as exc:  # "--timeout: ..." -> "--parity-timeout / PARITY_TIMEOUT: ..."
+        opt, _, message = str(exc).partition(": ")
+        if opt not in _CLI_OPTIONS:
+            raise pytest.UsageError(f"parity settings: {exc}") from None
+        raise _usage(_CLI_OPTIONS[opt], message) from None
+    seed = pick("seed", DEFAULT_SEED, _number(int, "an integer"))
+    backends = pick("backend", None, lambda s: [s])
+    if backends is not None:  # repeatable and comma-separated, as the CLI's --backend
+        backends = [b.strip() for arg in backends for b in arg.split(",")]
+        if not all(backends):
+            raise _usage("backend", f"an empty backend name in {backends}: name each backend (`moe-fq-parity list` shows them)")
     from moe_fq_parity.harness.backends import BUILTINS
 
-    report = pick("parity_report", "REPORT", None)
-    profile = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or hypothesis_profiles.DEFAULT_PROFILE
+    report = pick("report", None)
+    profiles = _hypothesis_profiles()
+    profile = (config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE")
+               or (profiles.DEFAULT_PROFILE if profiles is not None else None))
     return ParitySettings(
         report_dir=Path(report) if report else None,
-        seed=int(pick("parity_seed", "SEED", DEFAULT_SEED, int)),
+        seed=seed,
         suite=suite,
         backends=tuple(backends) if backends else tuple(BUILTINS),
-        mode=pick("parity_mode", "MODE", "strict"),
+        mode=mode,
         timeout_s=timeout or None,
         hypothesis_profile=profile,
         nan_bits=nan_bits,
+        explicit_backends=backends is not None,
     )
+
+
+def _check_named_backends(settings: ParitySettings) -> None:
+    """A backend named by the user that cannot run here is a usage error (the CLI's exit 2), never a
+    session of skips that exits 0; the loaded backends are kept for the tests."""
+    from moe_fq_parity.harness.backends import BackendLoadError, load
+
+    for spec in settings.backends:
+        try:
+            lb = load(spec)
+        except BackendLoadError as exc:
+            raise pytest.UsageError(f"--parity-backend {spec}: {exc}") from None
+        if not lb.available:
+            raise pytest.UsageError(f"--parity-backend {spec}: unavailable here: {lb.why_not}")
+        _LOADED[spec] = lb
+
+
+def _check_report_dir(report_dir: Path) -> None:
+    """``--parity-report DIR`` must be a folder this session can write (the CLI's ``--out`` check)."""
+    from .cli import _unwritable
+
+    if (problem := _unwritable(report_dir)) is not None:
+        raise _usage("report", f"cannot write the report to {report_dir}: {problem}")
 
 
 def _worker_index() -> Optional[int]:
@@ -149,21 +243,62 @@ def _worker_index() -> Optional[int]:
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    if config.getoption("help", False):
+        return
     settings = _resolve(config)
     config.stash[SETTINGS] = settings
     config.stash[RECORDS] = []
-    from hypothesis import settings as hsettings
+    config.stash[UNRECORDED] = []
+    profiles = _hypothesis_profiles()
+    if profiles is not None and settings.hypothesis_profile and not config.getoption("hypothesis_profile", None):
+        from hypothesis import settings as hsettings
 
-    if not config.getoption("hypothesis_profile", None):
         hsettings.load_profile(settings.hypothesis_profile)
     if hasattr(config, "workerinput"):  # xdist worker: its share of the CPUs for PyTorch's threads
         from moe_fq_parity.harness.core.processes import share_cpus
 
         share_cpus(int(config.workerinput.get("workercount", 1)))
-    if settings.report_dir is not None and not hasattr(config, "workerinput"):
-        config.stash[WRITER] = _new_writer(config, settings)
-    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "load" and _gpu_count() > 0:
+        return
+    if settings.explicit_backends and not config.option.collectonly:  # listing tests runs no backend
+        _check_named_backends(settings)
+    if settings.report_dir is not None:
+        _check_report_dir(settings.report_dir)
+        _hold_run_lock(config, settings.report_dir)
+    if getattr(config.option, "dist", "no") == "load" and _gpu_count() > 0:
         config.stash[GPU_GROUPS] = _gpu_count()  # xdist's default for -n: schedule the GPU groups (module docstring)
+
+
+def _hold_run_lock(config: pytest.Config, report_dir: Path) -> None:
+    """Hold the run lock of ``report_dir`` (``harness.run.runner.out_lock``, the CLI's ``--out`` lock)
+    until the session ends: two runs never write one report; a held lock is a usage error."""
+    from .runner import OutDirBusy, out_lock
+
+    lock = out_lock(report_dir)
+    try:
+        lock.__enter__()
+    except OutDirBusy as exc:
+        raise _usage("report", str(exc)) from None
+    config.stash[LOCK] = lock
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lock = config.stash.get(LOCK, None)
+    if lock is not None:
+        del config.stash[LOCK]
+        lock.__exit__(None, None, None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """The report is started when tests are about to run: a session that ends at collection (a usage
+    error such as a bad ``-k``, collection errors, ``--collect-only``) writes nothing."""
+    config = session.config
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None or settings.report_dir is None or hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    if session.testsfailed and not config.option.continue_on_collection_errors:
+        return
+    config.stash[WRITER] = _new_writer(config, settings)
 
 
 def _gpu_count() -> int:
@@ -305,13 +440,52 @@ def parity_record(request: pytest.FixtureRequest) -> Callable[[Any], None]:
     """``parity_record(record)`` adds a ``CheckRecord`` to the session's report."""
 
     def add(rec) -> None:
-        data = rec.to_json()
-        request.config.stash[RECORDS].append(data)
-        writer = request.config.stash.get(WRITER, None)
-        if writer is not None:
-            writer.add([data])
+        _add_record(request.config, rec.to_json())
+        request.node.stash.setdefault(ITEM_RECORDS, []).append(rec)
 
     return add
+
+
+def _add_record(config: pytest.Config, data: dict) -> None:
+    config.stash[RECORDS].append(data)
+    writer = config.stash.get(WRITER, None)
+    if writer is not None:
+        writer.add([data])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A parity test that fails in pytest (setup, call or teardown) with no failing record of its own
+    is put in the report: a failing record of its check (the ready test's ``check`` parameter) with
+    the error and the repro command when that check has no record yet; otherwise (a test of the
+    user's own, a failure after a passing check) it is listed in ``UNRECORDED`` and the report is
+    not complete.  So the report never passes beside failed parity tests."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed or call.excinfo is None or SETTINGS not in item.config.stash:
+        return
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    case, spec = params.get("parity_case"), params.get("parity_backend")
+    if case is None:
+        return
+    mine = item.stash.get(ITEM_RECORDS, [])
+    if any(r.verdict == "fail" for r in mine):
+        return
+    error = (call.excinfo.exconly().strip().splitlines() or [""])[0][:300]
+    from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
+    from moe_fq_parity.harness.core.repro import repro_command
+
+    check = params.get("check")
+    if spec is not None and check in CHECKS and not any(r.check == check for r in mine):
+        s = item.config.stash[SETTINGS]
+        rec = CheckRecord(case_id=case.id, backend=spec, check=check, verdict="fail", fmt=case.fmt, n=case.n, numel=case.numel,
+                          mode=s.mode, message=f"the test failed in pytest ({rep.when}) before its check recorded a verdict: {error}",
+                          repro=repro_command(case.id, spec, check, s.seed, s.mode, timeout_s=s.timeout_s, nan_bits=s.nan_bits))
+        item.stash.setdefault(ITEM_RECORDS, []).append(rec)
+        _add_record(item.config, rec.to_json())
+        return
+    item.config.stash[UNRECORDED].append(f"{item.nodeid} ({rep.when}): {error}")
 
 
 @dataclass
@@ -488,31 +662,50 @@ def _new_writer(config: pytest.Config, settings: ParitySettings):
     return ReportWriter(settings.report_dir, meta)
 
 
+NOT_WRITTEN = (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.NO_TESTS_COLLECTED)
+"""pytest exit statuses after which no report is written (an earlier report stays as it was)."""
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Finish the report: complete only when pytest ran every selected test to its end and every
+    failed parity test has a failing record (``pytest_runtest_makereport``)."""
     config = session.config
+    if SETTINGS not in config.stash:
+        return
     if hasattr(config, "workerinput"):
         config.workeroutput["parity_records"] = config.stash[RECORDS]
+        config.workeroutput["parity_unrecorded"] = config.stash[UNRECORDED]
         return
     writer = config.stash.get(WRITER, None)
-    if writer is None:
+    if writer is None or exitstatus in NOT_WRITTEN:
         return
     from moe_fq_parity.harness.backends import load
 
     specs = sorted({r["backend"] for r in writer.report["records"]} | set(config.stash[SETTINGS].backends))
-    writer.report["meta"]["backends"] = [load(s).to_json() for s in specs]
+    writer.report["meta"]["backends"] = [(_LOADED[s] if s in _LOADED else load(s)).to_json() for s in specs]
     writer.report["meta"]["formats"] = sorted({r["fmt"] for r in writer.report["records"]})
     writer.report["meta"]["checks"] = sorted({r["check"] for r in writer.report["records"]})
-    interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-    writer.finish(complete=not interrupted, error=f"pytest exit status {int(exitstatus)}" if interrupted else None)
+    error = None
+    if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR):
+        error = f"pytest exit status {int(exitstatus)}"
+    elif session.shouldstop or session.shouldfail:
+        error = f"pytest stopped early ({session.shouldstop or session.shouldfail}): not every selected test ran"
+    elif unrecorded := config.stash[UNRECORDED]:
+        error = (f"{len(unrecorded)} parity tests failed in pytest without a failing record: "
+                 + "; ".join(unrecorded[:10]) + (f"; ... and {len(unrecorded) - 10} more" if len(unrecorded) > 10 else ""))
+    writer.finish(complete=error is None, error=error)
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
-        tr.write_line(f"parity report: {writer.json_path} and {writer.html_path} ({len(writer.report['records'])} records)")
+        tr.write_line(f"parity report: {writer.json_path} and {writer.html_path} ({len(writer.report['records'])} records)"
+                      + (f"; INCOMPLETE: {error}" if error else ""))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """xdist controller: merge a finished worker's records."""
+    output = getattr(node, "workeroutput", {})
+    node.config.stash[UNRECORDED].extend(output.get("parity_unrecorded", []))
     writer = node.config.stash.get(WRITER, None)
-    records = getattr(node, "workeroutput", {}).get("parity_records", [])
+    records = output.get("parity_records", [])
     if writer is not None and records:
         writer.add(records)

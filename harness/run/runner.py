@@ -84,6 +84,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+MAX_TIMEOUT_S = 365 * 24 * 3600
+"""The longest per-call timeout: the interval timer behind it overflows from about 1e10 s (``OverflowError``
+in every check)."""
+
+
 def validate_config(checks: Sequence[str], sections: Optional[Sequence[str]], timeout_s: Optional[float], nan_bits: str, mode: str) -> None:
     """``ValueError`` naming the argument and the accepted values for anything a run would reject
     later; called before anything is written, so a typo never touches an earlier report."""
@@ -98,8 +103,8 @@ def validate_config(checks: Sequence[str], sections: Optional[Sequence[str]], ti
         bad = [s for s in sections if s not in report_sections.SECTION_RUNNERS]
         if bad:
             raise ValueError(f"--sections: unknown sections {bad}; known: {', '.join(report_sections.SECTION_RUNNERS)}")
-    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s >= 0 and timeout_s != float("inf")):
-        raise ValueError(f"--timeout: seconds >= 0 expected (0: no limit), got {timeout_s!r}")
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 <= timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"--timeout: seconds from 0 (no limit) to {MAX_TIMEOUT_S} (a year) expected, got {timeout_s!r}")
     if nan_bits not in NAN_BITS_MODES:
         raise ValueError(f"--nan-bits: one of {', '.join(NAN_BITS_MODES)} expected, got {nan_bits!r}")
     if mode not in VERDICT_MODES:

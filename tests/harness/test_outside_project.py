@@ -1,11 +1,14 @@
 """The plugin from another project: a throwaway project outside this repository, the installed
 package only, the example backend of ``examples/own_kernel`` (correct: passes; rounding half away
-from zero: fails with the offender table and a repro command that reruns the failure)."""
+from zero: fails with the offender table and a repro command that reruns the failure), and a new
+user's environment built from the wheel with no extras (``slow``: ``.ci/run`` job 4)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -49,12 +52,26 @@ def _summary(out: str) -> str:
     return out.strip().splitlines()[-1] if out.strip() else ""
 
 
+def _counts(text: str) -> dict[str, int]:
+    """``{"passed": 92, "skipped": 736, ...}`` from a pytest summary line (or a README comment quoting one)."""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)\b", text)}
+
+
+def readme_counts(command: str) -> dict[str, int]:
+    """The counts ``examples/own_kernel/README.md`` quotes after ``command`` (``# ...: 11 passed, 43 skipped``)."""
+    lines = [ln for ln in (EXAMPLE / "README.md").read_text().splitlines() if ln.split("#")[0].strip() == command]
+    assert len(lines) == 1, f"README.md quotes {command!r} {len(lines)} times"
+    counts = _counts(lines[0].split("#", 1)[1])
+    assert counts.get("passed"), lines[0]
+    return counts
+
+
 def test_correct_backend_passes_in_a_project_outside_the_repository(tmp_path):
     proj = _project(tmp_path)
     proc = _pytest(proj, "--parity-suite", "smoke", "-rs")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = _summary(proc.stdout)
-    assert "11 passed" in summary and "failed" not in summary, summary
+    assert _counts(summary) == readme_counts("python -m pytest --parity-suite smoke"), summary  # the README quotes today's counts
     assert "backend formats ['int8'] do not include fp8_e4m3" in proc.stdout  # other formats skip with the reason
     # The package came from the installation, not from a path next to the project.
     where = subprocess.run([sys.executable, "-c", "import moe_fq_parity.harness as h; print(h.__file__)"], cwd=proj, env=_env(),
@@ -94,3 +111,78 @@ def test_backend_off_by_one_on_ties_fails_with_offender_table_and_repro(tmp_path
     assert rerun.returncode == 1, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     again = json.loads((proj / "parity-repro" / "report.json").read_text())["records"]
     assert [(r["case_id"], r["check"], r["verdict"]) for r in again] == [(TIES, "forward", "fail")]
+
+
+def _readme_install_lines() -> list[str]:
+    """The ``pip install`` lines of the README's "Check your own kernel" section, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Check your own kernel"):]
+    section = section[:section.index("\n## ", 1)]
+    lines = [ln.split("#")[0].strip() for ln in section.splitlines() if ln.startswith("pip install ")]
+    assert lines and any("moe-fq-parity" in ln.split() for ln in lines), lines
+    return lines
+
+
+def _sh(argv: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{shlex.join(argv)} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.slow
+def test_wheel_without_extras_keeps_other_projects_green_and_runs_the_ready_test_as_the_readme_says(tmp_path):
+    """A new user's environment, from the built wheel: a fresh virtual environment, the CPU torch of
+    the README's first line (never a bare ``torch`` requirement: that pulls the multi-GB CUDA
+    build), the package with no extras.  An unrelated project with its own tests passes its pytest
+    there (the ``pytest11`` plugin loads without Hypothesis); then, after running the README's install
+    lines (the wheel for ``moe-fq-parity``), the example project runs the ready parity test and gets
+    the counts its README quotes.
+
+    Cost on the 2-core CPU machine: about 2-3 minutes, mostly installing torch into the new
+    environment (``slow``: ``.ci/run`` runs it once, in its own step)."""
+    import torch
+
+    env = {k: v for k, v in _env().items() if k not in ("VIRTUAL_ENV", "MOE_FQ_ROOT", "PYTHONHOME")}
+    src = tmp_path / "src"  # the checkout's files (tracked and new, not ignored): the build leaves nothing in the checkout
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
+    dist = tmp_path / "dist"
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)]
+    if importlib.util.find_spec("setuptools") is not None:
+        build.insert(4, "--no-build-isolation")  # the installed setuptools: no download
+    _sh(build, tmp_path, env)
+    wheel = next(dist.glob("moe_fq_parity-*.whl"))
+    venv = tmp_path / "venv"
+    _sh([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    py = str(venv / "bin" / "python")
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    pip = [py, "-m", "pip", "install", "-q"]
+    cpu_torch = f"torch=={torch.__version__.split('+')[0]}"
+    _sh(pip + [cpu_torch], tmp_path, env)
+    _sh(pip + [str(wheel), "pytest"], tmp_path, env)  # no extras; pytest is the other project's own dependency
+    no_hypothesis = subprocess.run([py, "-c", "import hypothesis"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert no_hypothesis.returncode != 0, "Hypothesis is installed: not a base install"
+
+    other = tmp_path / "unrelated_project"
+    other.mkdir()
+    (other / "test_unrelated.py").write_text("def test_arithmetic():\n    assert 1 + 1 == 2\n")
+    proc = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=other, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and _counts(_summary(proc.stdout)) == {"passed": 1}, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Error while loading" not in proc.stdout + proc.stderr
+
+    for line in _readme_install_lines():  # adding only what the README says (the wheel stands for the index)
+        argv = [str(wheel) if a == "moe-fq-parity" else a for a in shlex.split(line)]
+        assert argv[:2] == ["pip", "install"] and not any(a == "torch" for a in argv), line  # never a bare torch
+        _sh([py, "-m", *argv[:2], "-q", *argv[2:]], tmp_path, env)
+    proj = _project(tmp_path)
+    for command in ("python -m pytest --parity-suite smoke", "python -m pytest"):
+        args = shlex.split(command)[3:]
+        proc = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=proj, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert _counts(_summary(proc.stdout)) == readme_counts(command), (command, _summary(proc.stdout))
+    where = _sh([py, "-c", "import moe_fq_parity.harness as h; print(h.__file__)"], proj, env).stdout.strip()
+    assert Path(where).is_relative_to(venv), where

@@ -24,6 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from moe_fq_parity.harness.sections.external._imports import quiet_import, quiet_upstream
+
 from .launch import RankContext
 from .safe_io import (
     CheckpointCorruptError,
@@ -152,7 +154,8 @@ class MegatronEngine:
 
     def available(self, device: str) -> tuple[bool, str]:
         try:
-            from megatron.core import dist_checkpointing  # noqa: F401
+            with quiet_import():
+                from megatron.core import dist_checkpointing  # noqa: F401
         except Exception as exc:  # ImportError, or a broken install raising at import
             return False, f"megatron.core.dist_checkpointing not importable ({type(exc).__name__}: {exc}); {MEGATRON_PIP_HINT}"
         try:
@@ -172,7 +175,8 @@ class MegatronEngine:
 
     @staticmethod
     def _sharded(specs: list[ShardSpec], ctx: RankContext) -> dict:
-        from megatron.core.dist_checkpointing import ShardedTensor
+        with quiet_import():
+            from megatron.core.dist_checkpointing import ShardedTensor
 
         out = {}
         for s in specs:
@@ -187,9 +191,10 @@ class MegatronEngine:
         rank and the ranks have agreed on its outcome: the validation raises on global rank 0
         only, so a refusal is turned into a ``SaveRefusedError`` on *every* rank (ranks stay in
         step) instead of a rank-0 exception and a hang in the next collective."""
-        from megatron.core import dist_checkpointing
-        from megatron.core.dist_checkpointing.core import CheckpointingException
-        from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+        with quiet_import():
+            from megatron.core import dist_checkpointing
+            from megatron.core.dist_checkpointing.core import CheckpointingException
+            from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 
         try:
             save_preprocess(self._sharded(specs, ctx), validate_access_integrity=True)
@@ -203,10 +208,12 @@ class MegatronEngine:
             dist_checkpointing.save(self._sharded(specs, ctx), path, validate_access_integrity=False)
 
     def load_into(self, specs: list[ShardSpec], path: str, ctx: RankContext) -> dict[str, torch.Tensor]:
-        from megatron.core import dist_checkpointing
+        with quiet_import():
+            from megatron.core import dist_checkpointing
 
         try:
-            loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
+            with quiet_upstream("megatron", FutureWarning):  # its loader calls torch's deprecated load_state_dict
+                loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
         except CheckpointException as exc:  # its torch_dist strategy reads through DCP
             raise dcp_failure(exc, path) from None
         return {s.key: loaded[s.key] for s in specs}

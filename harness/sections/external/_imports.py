@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import importlib
+import warnings
+from contextlib import contextmanager
 from functools import lru_cache
 from types import ModuleType
-from typing import Optional
+from typing import Iterator, Optional
+
+
+@contextmanager
+def quiet_import() -> Iterator[None]:
+    """Hide the warnings a third-party package gives while *we* import it (Megatron-Core, reached
+    from Model-Optimizer, warns five times that Apex and Transformer Engine are missing; in a run's
+    section processes 87 lines), and only those: the filter is scoped to the import and is restored
+    after it, so the user's own warnings and those of later calls show as before."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+
+@contextmanager
+def quiet_upstream(package: str, category: type[Warning] = Warning) -> Iterator[None]:
+    """Hide, inside the block, the ``category`` warnings that ``package``'s own modules give (say,
+    Megatron-Core's checkpoint loader calling a deprecated torch API: one ``FutureWarning`` per rank
+    and load, 162 lines in a run); any other warning shows as before."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=category, module=rf"{package}(\.|$)")
+        yield
 
 
 @lru_cache(maxsize=None)
@@ -16,7 +40,8 @@ def try_import(module: str) -> tuple[Optional[ModuleType], str]:
     so a probe never crashes the run that asked.
     """
     try:
-        return importlib.import_module(module), ""
+        with quiet_import():
+            return importlib.import_module(module), ""
     except BaseException as exc:  # noqa: BLE001 - a failed import of any kind is a reason
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise

@@ -1,0 +1,76 @@
+"""Third-party import warnings stay out of our output, and only those (``_imports.quiet_import``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from moe_fq_parity.harness.sections.external._imports import try_import
+
+from tests.extras import importable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_an_optional_import_hides_its_own_warnings_only(tmp_path, monkeypatch):
+    (tmp_path / "noisy_optional_pkg.py").write_text("import warnings\nwarnings.warn('Apex is not installed', UserWarning)\nVALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mod, why = try_import("noisy_optional_pkg")
+        assert mod is not None and mod.VALUE == 1 and why == ""
+        assert [str(w.message) for w in seen] == []
+        warnings.warn("the user's own warning", UserWarning)  # the filter did not outlive the import
+    assert [str(w.message) for w in seen] == ["the user's own warning"]
+
+
+LIST_LINE = re.compile(r"^(suite \S+: \d+ cases, [\d.]+ M elements|backends: .*|  \S+\s+(built-in|external)\s+(available|unavailable).*)$")
+
+
+@pytest.mark.skipif(not (importable("megatron") or importable("modelopt")), reason="Megatron-Core / Model-Optimizer not installed: nothing warns")
+def test_list_prints_its_table_and_no_third_party_warnings():
+    """With the README's install line, ``list`` printed five Megatron-Core ``UserWarning``s (Apex and
+    Transformer Engine missing) in the middle of its table; every stdout line is a table line and
+    stderr is empty."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness", "list"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
+    bad = [ln for ln in proc.stdout.splitlines() if not LIST_LINE.match(ln)]
+    assert not bad and "modelopt-eager" in proc.stdout, bad
+
+
+def test_an_upstream_call_hides_that_package_s_warnings_only(tmp_path, monkeypatch):
+    from moe_fq_parity.harness.sections.external._imports import quiet_upstream
+
+    (tmp_path / "noisy_upstream_pkg.py").write_text(
+        "import warnings\ndef load():\n    warnings.warn('load_state_dict is deprecated', FutureWarning)\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import noisy_upstream_pkg
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_upstream("noisy_upstream_pkg", FutureWarning):
+            assert noisy_upstream_pkg.load() == 1
+            warnings.warn("ours, inside the block", FutureWarning)
+        noisy_upstream_pkg.load()  # after the block: shown again
+    assert [str(w.message) for w in seen] == ["ours, inside the block", "load_state_dict is deprecated"]
+
+
+@pytest.mark.skipif(not importable("megatron"), reason="Megatron-Core not installed: nothing warns")
+def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
+    """The dist section's Megatron-Core rows (one save and one load layout; each rank is a process that
+    imports Megatron-Core and loads through it) printed 22 warning lines before, none now (a whole
+    smoke ``run`` printed 87 and 162).  Cost: about 5 s of CPU, 10-60 s wall."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--save", "tp1ep2", "--load", "tp2ep1",
+                           "--engine", "megatron"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
