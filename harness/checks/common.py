@@ -135,10 +135,13 @@ def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
     ``NotImplementedError``, ``TypeError`` or ``ValueError`` (the contract's way to refuse an option it
     does not implement).  A format it lists in ``formats`` it has declared: declining a plain default
     call of it (even with ``NotImplementedError``) is a failure, so a declared format cannot silently
-    lose its coverage (``problems_of`` says so).
+    lose its coverage (``problems_of`` says so).  Likewise a variant and options it declares
+    (``variants``/``options``, ``harness.checks.plan.declares``): declining those fails.
     """
+    from .plan import declares
+
     opts = call_options(ctx.case)
-    if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)):
+    if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)) and not declares(ctx.backend, ctx.case):
         return f"backend refused options {opts}: {call.message}"
     return None
 
@@ -146,8 +149,8 @@ def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
 def problems_of(call: Call, like: Sequence[torch.Tensor]) -> Optional[str]:
     """Failure message of a call that raised or returned malformed outputs, else ``None``."""
     if isinstance(call.error, NotImplementedError):
-        return (f"backend declined a format it declares ({call.message}); a backend may decline only formats it does not "
-                f"list in `formats` and non-default variants or options")
+        return (f"backend declined a format it declares ({call.message}); a backend may decline only formats it does not list in "
+                f"`formats` and variants or options it does not declare (`variants`, `options`)")
     if not call.ok:
         return f"backend raised {call.message}"
     bad = output_problems(call.value, like)
@@ -229,8 +232,8 @@ def mismatch_message(fields: dict[str, Any], numel: int, *, bitwise: bool = Fals
     if c.get("ulp1"):
         parts.append(f"{_are(c['ulp1'])} 1 ULP apart")
     if c.get("tie_flip"):
-        parts.append(f"{_are(c['tie_flip'])} {'tie flips' if c['tie_flip'] > 1 else 'a tie flip'} (the reference's value before rounding "
-                     f"sits on a rounding tie and the backend rounded it the other way: one step of the grid)")
+        parts.append(f"{_are(c['tie_flip'])} {'tie flips' if c['tie_flip'] > 1 else 'a tie flip'} (a value on a rounding tie, rounded "
+                     f"the other way: one grid step)")
     if other > 0:
         parts.append(f"{_are(other)} {'wrong values' if other > 1 else 'a wrong value'}" + (f" (up to {fields['max_ulp']} ULP apart)" if fields["max_ulp"] > 1 else ""))
     if nan_bits:

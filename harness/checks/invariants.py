@@ -259,8 +259,8 @@ def check_recalibrate(ctx: CheckContext):
             why.append("at the original amax the backend matches the reference (the forward check of this case passes)")
         else:
             same = all(bool((m & ~o).sum() == 0) for m, o in zip(bad_masks, old_masks))
-            why.append(f"the forward check of this case fails too ({at_old} elements differ at the original amax"
-                       + (", among them every element that fails here" if same else "") + "); read that record first: it may be the same cause")
+            why.append(f"the forward check of this case fails too ({at_old} elements at the original amax"
+                       + (", every element failing here among them" if same else "") + "): read that record first, it may be the same cause")
     del again
-    msg = f"with the amax scaled by {RECALIBRATE_FACTOR} (as after recalibration), " + mismatch_message(fields, case.numel, bitwise=False)
+    msg = f"with the amax x {RECALIBRATE_FACTOR} (as after recalibration): " + mismatch_message(fields, case.numel, bitwise=False)
     return record(ctx, check, "fail", msg + "".join(f"; {w}" for w in why), offenders=tuple(offenders), duration_s=seconds, **fields)
