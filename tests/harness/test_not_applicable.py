@@ -143,3 +143,17 @@ def test_compare_reads_a_report_from_before_and_merge_sums_the_shards(tmp_path):
     (backend, v), = twice.items()
     assert v["records"] == 2 * na[backend]["records"] and v["reasons"][0]["cases"] == 2 * na[backend]["reasons"][0]["cases"]
     assert LABEL in render_html(new | {"not_applicable": twice})
+
+
+def test_the_pytest_plugin_plans_the_same_way(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--pyargs", "moe_fq_parity.harness.run.parity_test",
+                           "--parity-backend", f"{MODULE}:CudaOnly", "--parity-suite", "smoke", "-k", "forward and (int4 or int8)"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(repo)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"{LABEL}: backend formats ['int8'] do not include int4" in proc.stdout, proc.stdout[-3000:]
+    assert "3 passed, 2 skipped" in proc.stdout.splitlines()[-1], proc.stdout.splitlines()[-1]
