@@ -3,8 +3,10 @@
 A backend declares what it implements (``harness.core.contract``): its ``formats`` and, optionally,
 per format its ``variants`` and ``options`` (with the values it takes).  A case of a format, variant
 or option value outside that declaration was never meant for the backend: the runner and the pytest
-plugin ask ``not_applicable`` before building the case, and a report counts such cases per backend
-and reason (``NotApplicable``: one line each, no record) instead of one skip record per check.  A
+plugin ask ``planned_checks`` before running it (a format not declared: no check; a variant or
+option not declared: the backward checks only, which take neither), and a report counts the checks
+not applicable per backend and reason (``NotApplicable``: one line each, no record) instead of one
+skip record per check.  A
 case inside the declaration is checked, and a backend that declines it fails
 (``checks.common.not_run_reason``).  A backend that declares no variants or options keeps the old
 rule: it may decline a non-default variant or option, which is then a skip with its reason.
@@ -50,6 +52,31 @@ def not_applicable(backend: Any, case: Any) -> Optional[str]:
     return None
 
 
+VARIANT_CHECKS = ("forward", "invariant.layout", "invariant.grouped", "invariant.recalibrate", "perf")
+"""The checks that call the fake quant with the case's variant and options.  The straight-through
+backward (``reference.ste_backward``) takes neither: a case of an undeclared variant or option still
+has its backward checks (they passed before there were declarations, and still must)."""
+
+
+def format_declared(backend: Any, case: Any) -> bool:
+    formats = getattr(_obj(backend), "formats", None)
+    return formats is None or case.fmt in formats
+
+
+def planned_checks(backend: Any, case: Any, checks: Iterable[str]) -> tuple[list[str], Optional[str]]:
+    """``(checks planned for backend on case, why the others are not applicable)`` (``None``: all planned).
+
+    A format the backend does not declare: no check; a variant or option it does not declare: the
+    checks outside ``VARIANT_CHECKS``."""
+    checks = list(dict.fromkeys(checks))
+    why = not_applicable(backend, case)
+    if why is None:
+        return checks, None
+    if not format_declared(backend, case):
+        return [], why
+    return [c for c in checks if c not in VARIANT_CHECKS], why
+
+
 def declares(backend: Any, case: Any) -> bool:
     """Whether ``backend`` declares ``case``'s variant and options explicitly (``variants`` and, where
     the case has options, ``options``): then declining the case is a failure, not a skip."""
@@ -61,8 +88,8 @@ def declares(backend: Any, case: Any) -> bool:
 
 @dataclass
 class NotApplicable:
-    """Cases not applicable to each backend, by reason: ``records`` (the checks not planned) and
-    ``cases``.  ``to_json`` is the report's ``not_applicable`` field."""
+    """Checks not applicable to each backend, by reason: ``records`` (the checks not planned) and
+    ``cases`` (the cases with such checks).  ``to_json`` is the report's ``not_applicable`` field."""
 
     records: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     cases: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
@@ -78,15 +105,16 @@ class NotApplicable:
 
 
 def applicable(backends: Iterable[Any], case: Any, checks: Iterable[str], tally: NotApplicable) -> list[Any]:
-    """The backends ``case`` is planned for; the others are counted in ``tally`` (one record per check)."""
-    n = len(set(checks))
+    """The backends ``case`` has planned checks for (``planned_checks``; ``run_case_checks`` runs only
+    those); the checks not applicable are counted in ``tally``."""
+    checks = list(dict.fromkeys(checks))
     out = []
     for b in backends:
-        why = not_applicable(b, case)
-        if why is None:
+        kept, why = planned_checks(b, case, checks)
+        if why is not None:
+            tally.add(getattr(b, "spec", getattr(b, "name", "?")), why, len(checks) - len(kept))
+        if kept:
             out.append(b)
-        else:
-            tally.add(getattr(b, "spec", getattr(b, "name", "?")), why, n)
     return out
 
 

@@ -40,6 +40,10 @@ class CudaOnly:
         per = reference.split_expert_amax(weights, amax)
         return [reference.fake_quant(w, a, fmt, **options) for w, a in zip(weights, per)]
 
+    def ste_backward(self, weights, amax, grads, fmt, mode, **options):
+        per = reference.split_expert_amax(weights, amax)
+        return [reference.ste_backward(w, a, g, mode) for w, a, g in zip(weights, per, grads)]
+
 
 class DeclaresStepButDeclines(CudaOnly):
     """Declares ``step`` and then refuses it: a failure, not a skip."""
@@ -81,14 +85,16 @@ def test_cases_outside_the_declaration_are_counted_not_skipped(tmp_path, capsys)
     rc, report, html = _run(tmp_path, "CudaOnly")
     validate(report)
     assert rc == 0
-    assert {r["case_id"].split("/")[0].split("+")[0] for r in report["records"]} == {"int8.cuda"}
+    other = [r for r in report["records"] if r["case_id"].split("/")[0].split("+")[0] != "int8.cuda"]
+    # the STE takes no variant: the backward checks of those cases still run (and pass)
+    assert other and {r["check"] for r in other} == {"backward.pass_through", "backward.clipped"} and {r["verdict"] for r in other} == {"pass"}
     assert not any(r["verdict"] == "skip" and "variant" in r["message"] for r in report["records"])
     na = report["not_applicable"][f"{MODULE}:CudaOnly"]
-    assert na["cases"] == 3 and na["records"] == 3 * 6  # eager, reciprocal, step x the six parity checks
+    assert na["cases"] == 3 and na["records"] == 3 * 4  # eager, reciprocal, step x forward and the three invariants
     assert {r["reason"] for r in na["reasons"]} == {f"cuda-only implements the int8 variants ['cuda'], not {v!r}" for v in ("eager", "reciprocal", "step")}
     out = capsys.readouterr().out
-    assert f"18 checks not applicable to their backend (not run, not skips): 18 on {MODULE}:CudaOnly (3 cases)" in out
-    assert LABEL in html and "18 checks" in html
+    assert f"12 checks not applicable to their backend (not run, not skips): 12 on {MODULE}:CudaOnly (3 cases)" in out
+    assert LABEL in html and "12 checks of 3 cases" in html
 
 
 def test_a_declared_variant_that_is_declined_fails(tmp_path):
@@ -131,7 +137,8 @@ def test_compare_reads_a_report_from_before_and_merge_sums_the_shards(tmp_path):
         r["key"] = f"{r['case_id']}|{r['backend']}|{r['check']}"
     old.pop("not_applicable", None)
     d = diff_reports(old, new)
-    assert not d.regressions, d.regressions
+    assert not d.regressions, d.regressions  # the backward passes of the step cases are still there
+    assert any(r["verdict"] == "pass" and r["case_id"].startswith("int8.step/") for r in old["records"])
     assert any("skipped records of the baseline are not in the new report" in c for c in d.changes)
     lost = json.loads(json.dumps(old))
     for r in lost["records"]:
