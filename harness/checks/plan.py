@@ -35,9 +35,8 @@ def not_applicable(backend: Any, case: Any) -> Optional[str]:
     or ``None`` when the backend declares it (or declares nothing that excludes it)."""
     be = _obj(backend)
     name = getattr(be, "name", "the backend")
-    formats = getattr(be, "formats", None)
-    if formats is not None and case.fmt not in formats:
-        return f"backend formats {sorted(formats)} do not include {case.fmt}"
+    if not format_declared(be, case):
+        return f"backend formats {sorted(be.formats)} do not include {case.fmt}"
     variants = declared_variants(be, case.fmt)
     if variants is not None and case.variant not in variants:
         return f"{name} implements the {case.fmt} variants {sorted(variants)}, not {case.variant!r}"
@@ -59,6 +58,7 @@ has its backward checks (they passed before there were declarations, and still m
 
 
 def format_declared(backend: Any, case: Any) -> bool:
+    """Whether ``case``'s format is in the backend's ``formats`` (a backend without ``formats``: yes)."""
     formats = getattr(_obj(backend), "formats", None)
     return formats is None or case.fmt in formats
 
