@@ -6,6 +6,7 @@ no external resources: the file reads offline.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ def _env() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.+@~-]+){2,}/([\w.+@~-]+)")
+"""An absolute path of two or more folders: shown by its last component."""
+MAX_REASON = 220
+"""Characters of a skip reason shown before it is cut (the whole text is in the line's title)."""
+
+
+def short_reason(text: str) -> str:
+    """A skip reason as a reader needs it: absolute paths shortened to their file name, one line,
+    cut at ``MAX_REASON`` characters."""
+    one = " ".join(_PATH.sub(r"\1", text or "no reason given").split())
+    return one if len(one) <= MAX_REASON else one[: MAX_REASON - 1].rstrip() + "\u2026"
+
+
 def _summary(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     table: dict[str, Counter] = defaultdict(Counter)
     for r in records:
@@ -41,7 +55,7 @@ def _skip_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     largest first."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        groups[(r["backend"], r["message"] or "no reason given")].append(r)
+        groups[(r["backend"], short_reason(r["message"]))].append(r)
     return [{"backend": b, "reason": why, "count": len(rs), "records": sorted(rs, key=lambda r: r["case_id"])}
             for (b, why), rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
@@ -51,7 +65,7 @@ def _section_skip_groups(section: dict[str, Any]) -> list[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in section["rows"]:
         if row["verdict"] == "skip":
-            groups[row.get("message") or "no reason given"].append(row)
+            groups[short_reason(row.get("message"))].append(row)
     return [{"reason": why, "count": len(rows), "rows": rows} for why, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 
@@ -77,6 +91,8 @@ def _check_tables(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tables
 
 
+MAX_FAILED_CASES = 5
+"""Failing cases shown at the top before the rest is folded (every failing record is in its check's table too)."""
 MAX_NOT_CHECKED = 12
 """Lines of the summary's "not checked" list shown before the rest is folded."""
 
@@ -95,17 +111,41 @@ def _not_checked(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         if r["verdict"] == "skip":
-            groups[(r["backend"], r["message"] or "no reason given")].append(r)
+            groups[(r["backend"], short_reason(r["message"]))].append(r)
     for (backend, why), rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         checks = [c for c in CHECKS if any(r["check"] == c for r in rs)]
         n_cases = len({r["case_id"] for r in rs})
         lines.append(f"{len(rs)} record{'s' if len(rs) != 1 else ''} on {backend} ({n_cases} case{'s' if n_cases != 1 else ''}; "
                      f"{', '.join(checks)}): {why}")
     for sec in report.get("sections", []):
-        reasons = Counter(row.get("message") or "no reason given" for row in sec["rows"] if row["verdict"] == "skip")
+        reasons = Counter(short_reason(row.get("message")) for row in sec["rows"] if row["verdict"] == "skip")
         for why, n in reasons.most_common():
             lines.append(f"section {sec['name']}: {n} row{'s' if n != 1 else ''} skipped: {why}")
     return lines
+
+
+def _failures(records: list[dict[str, Any]], sections: list[dict[str, Any]]) -> dict[str, Any]:
+    """What failed, for the top of the report: failing records grouped by case (one cause often fails
+    several checks of a case), then failing section rows."""
+    by_case: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["verdict"] == "fail":
+            by_case[(r["case_id"], r["backend"])].append(r)
+    order = {c: k for k, c in enumerate(CHECKS)}
+    cases = [{"case_id": cid, "backend": b, "records": sorted(rs, key=lambda r: order.get(r["check"], len(order)))}
+             for (cid, b), rs in sorted(by_case.items())]
+    rows = [{"section": sec["name"], "title": sec["title"], **row} for sec in sections for row in sec["rows"] if row["verdict"] == "fail"]
+    return {"cases": cases, "records": sum(len(c["records"]) for c in cases), "distinct": len({c["case_id"] for c in cases}), "section_rows": rows}
+
+
+def _not_applicable(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's ``not_applicable`` counts, one entry per backend (absent in reports before it)."""
+    return [{"backend": b, **v} for b, v in (report.get("not_applicable") or {}).items() if v.get("records")]
+
+
+def _section_counts(section: dict[str, Any]) -> dict[str, int]:
+    c = Counter(row["verdict"] for row in section["rows"])
+    return {v: c[v] for v in ("pass", "fail", "skip")}
 
 
 def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], str | None]:
@@ -113,7 +153,7 @@ def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], st
     if not fwd:
         return [], None
     total = [sum(r["histogram"][k] for r in fwd) for k in range(len(fwd[0]["histogram"]))]
-    aggregate = ulp_histogram_png(total, f"forward, all {len(fwd)} records", small=False)
+    aggregate = ulp_histogram_png(total, f"forward: elements of the {len(fwd)} records that compared outputs", small=False)
     inexact = [r for r in fwd if r["counts"].get("exact", 0) != r["numel"]]
     exact = [r for r in fwd if r["counts"].get("exact", 0) == r["numel"]]
     chosen = sorted(inexact, key=lambda r: (_ORDER[r["verdict"]], -r["max_ulp"], r["case_id"]))[:MAX_HISTOGRAMS]
@@ -121,8 +161,17 @@ def _histograms(records: list[dict[str, Any]]) -> tuple[list[dict[str, str]], st
     pics = []
     for r in chosen:
         pics.append({"case_id": r["case_id"], "backend": r["backend"], "verdict": r["verdict"],
-                     "png": ulp_histogram_png(r["histogram"], f"{r['backend']}: max {r['max_ulp']} ULP")})
+                     "png": ulp_histogram_png(r["histogram"], _histogram_title(r))})
     return pics, aggregate
+
+
+def _histogram_title(r: dict[str, Any]) -> str:
+    """``"triton: max 2 ULP, 49 tie flips, 2 +0/-0"``: what the bars do not show named beside them."""
+    extra = [f"{r['counts'][k]} {label}" for k, label in (("tie_flip", "tie flips"), ("nan_bits", "NaN bits"), ("error", "errors"))
+             if (r.get("counts") or {}).get(k) and (k != "error" or not r["max_ulp"])]
+    if r.get("signed_zero"):
+        extra.append(f"{r['signed_zero']} +0/-0")
+    return f"{r['backend']}: max {r['max_ulp']} ULP" + "".join(f", {e}" for e in extra)
 
 
 def _bandwidth(records: list[dict[str, Any]], copy_gbps: float | None, copy_curve: list | None = None) -> str | None:
@@ -162,7 +211,13 @@ def render_html(report: dict[str, Any]) -> str:
     for r in records:
         r["_memory"] = _memory_note(r)
     pics, aggregate = _histograms(records)
+    forward = [r for r in records if r["check"] == "forward"]
     return _env().get_template("report.html").render(
+        failures=_failures(records, report["sections"]),
+        not_applicable=_not_applicable(report),
+        section_counts={sec["name"]: _section_counts(sec) for sec in report["sections"]},
+        forward_counts={"records": len(forward), "compared": sum(1 for r in forward if r.get("histogram")),
+                        **{v: sum(1 for r in forward if r["verdict"] == v) for v in ("pass", "fail", "skip")}},
         report=report,
         meta=report["meta"],
         verdict=overall_verdict(report),
@@ -172,6 +227,7 @@ def render_html(report: dict[str, Any]) -> str:
         tables=_check_tables(records),
         not_checked=_not_checked(report, records),
         max_not_checked=MAX_NOT_CHECKED,
+        max_failed_cases=MAX_FAILED_CASES,
         histograms=pics,
         aggregate_png=aggregate,
         bandwidth_png=_bandwidth(records, report["meta"].get("copy_gbps"), report["meta"].get("copy_curve")),

@@ -230,4 +230,22 @@ def merge_reports(items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
     error = "; ".join(f"shard {rep['meta']['shard']['index']}/{shard0['count']} ({path}) is incomplete: {rep.get('error') or 'no reason given'}"
                       for path, rep in incomplete) or None
     return {"schema_version": SCHEMA_VERSION, "complete": not incomplete, "error": error, "meta": meta,
-            "records": [r for _, _, r in records], "sections": sections, "baseline": None}
+            "records": [r for _, _, r in records], "sections": sections, "baseline": None,
+            "not_applicable": merge_not_applicable([rep.get("not_applicable") or {} for _, rep in items])}
+
+
+def merge_not_applicable(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``not_applicable`` counts of the shards, summed per backend and reason (shards hold disjoint cases)."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        for backend, v in part.items():
+            o = out.setdefault(backend, {"records": 0, "cases": 0, "reasons": {}})
+            o["records"] += v["records"]
+            o["cases"] += v["cases"]
+            for r in v["reasons"]:
+                acc = o["reasons"].setdefault(r["reason"], {"reason": r["reason"], "records": 0, "cases": 0})
+                acc["records"] += r["records"]
+                acc["cases"] += r["cases"]
+    for o in out.values():
+        o["reasons"] = sorted(o["reasons"].values(), key=lambda r: (-r["records"], r["reason"]))
+    return dict(sorted(out.items()))

@@ -22,6 +22,7 @@ from .common import CheckContext, inputs_unchanged, record
 from .forward import Expected, check_forward, expected_forward
 from .invariants import check_grouped, check_layout, check_recalibrate
 from .perf import check_perf
+from .plan import format_declared, planned_checks
 
 DEFAULT_CHECKS = tuple(c for c in CHECKS if c != "perf")
 
@@ -61,11 +62,18 @@ def measured(ctx: CheckContext, check: str, fn: Callable[[], CheckRecord]) -> Ch
 
 
 def run_case_checks(ctx: CheckContext, checks: Iterable[str], expected: Optional[Expected] = None) -> list[CheckRecord]:
-    """Records of ``checks`` (names from ``CHECKS``) for ``ctx``; ``perf`` only after ``forward``."""
+    """Records of ``checks`` (names from ``CHECKS``) for ``ctx``; ``perf`` only after ``forward``.
+
+    A variant or option the backend declares away (``plan.planned_checks``) gives no record for the
+    checks that pass it: the caller counts them (``plan.applicable``).  A format outside the
+    backend's ``formats`` still gives skip records here; the runner and the pytest plugin do not
+    call for it at all."""
     wanted = set(checks)
     unknown = wanted - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {CHECKS}")
+    if format_declared(ctx.backend, ctx.case):
+        wanted = set(planned_checks(ctx.backend, ctx.case, wanted)[0])
     out: list[CheckRecord] = []
     forward_verdict = "not run"
     if expected is None and wanted & {"forward", "perf", "invariant.layout", "invariant.grouped", "invariant.recalibrate"}:

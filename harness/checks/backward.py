@@ -53,5 +53,4 @@ def check_backward(ctx: CheckContext, mode: str):
     comps = compare_each(len(inputs.weights), want, call.value, full)
     fields = summarize(comps, inputs.amax)
     verdict = "pass" if fields["counts"]["exact"] == case.numel else "fail"
-    msg = mismatch_message(fields, case.numel)
-    return record(ctx, check, verdict, (msg + " (bitwise)") if msg else "", offenders=tuple(offenders), **fields, **timing)
+    return record(ctx, check, verdict, mismatch_message(fields, case.numel, bitwise=True), offenders=tuple(offenders), **fields, **timing)

@@ -135,10 +135,13 @@ def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
     ``NotImplementedError``, ``TypeError`` or ``ValueError`` (the contract's way to refuse an option it
     does not implement).  A format it lists in ``formats`` it has declared: declining a plain default
     call of it (even with ``NotImplementedError``) is a failure, so a declared format cannot silently
-    lose its coverage (``problems_of`` says so).
+    lose its coverage (``problems_of`` says so).  Likewise a variant and options it declares
+    (``variants``/``options``, ``harness.checks.plan.declares``): declining those fails.
     """
+    from .plan import declares
+
     opts = call_options(ctx.case)
-    if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)):
+    if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)) and not declares(ctx.backend, ctx.case):
         return f"backend refused options {opts}: {call.message}"
     return None
 
@@ -146,8 +149,8 @@ def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
 def problems_of(call: Call, like: Sequence[torch.Tensor]) -> Optional[str]:
     """Failure message of a call that raised or returned malformed outputs, else ``None``."""
     if isinstance(call.error, NotImplementedError):
-        return (f"backend declined a format it declares ({call.message}); a backend may decline only formats it does not "
-                f"list in `formats` and non-default variants or options")
+        return (f"backend declined a format it declares ({call.message}); a backend may decline only formats it does not list in "
+                f"`formats` and variants or options it does not declare (`variants`, `options`)")
     if not call.ok:
         return f"backend raised {call.message}"
     bad = output_problems(call.value, like)
@@ -163,11 +166,13 @@ def expert_offenders(
     nothing expert-sized is kept for the offender table (``MAX_OFFENDERS`` over all experts).
     """
     got = got.detach().to(expected.device)
-    return [
-        offender(e, int(comp.mismatch_index[j]), expected, got, CLASSES[int(comp.mismatch_class[j])], inputs=x, pre_round=pre,
-                 ulp=int(comp.mismatch_ulp[j]))
-        for j in range(min(comp.mismatch_index.numel(), max(0, limit)))
-    ]
+    out = []
+    for j in range(min(comp.mismatch_index.numel(), max(0, limit))):
+        cls = CLASSES[int(comp.mismatch_class[j])]
+        # a tie flip is one grid step (harness.core.ulp): its ULP distance is no measure of it
+        ulp = None if cls == "tie_flip" else int(comp.mismatch_ulp[j])
+        out.append(offender(e, int(comp.mismatch_index[j]), expected, got, cls, inputs=x, pre_round=pre, ulp=ulp))
+    return out
 
 
 def expert_amax_values(amax: torch.Tensor, n: int) -> list[float]:
@@ -200,20 +205,44 @@ def summarize(comps: Sequence[Comparison], amax: torch.Tensor) -> dict[str, Any]
     }
 
 
-def mismatch_message(fields: dict[str, Any], numel: int) -> str:
-    """One line: how many elements differ, by class, where, and NaN/inf disagreements."""
+def _are(n: int) -> str:
+    return f"{n} {'are' if n != 1 else 'is'}"
+
+
+def mismatch_message(fields: dict[str, Any], numel: int, *, bitwise: bool = False) -> str:
+    """One line in plain words: how many elements differ and why, then where (empty when none differ).
+
+    The kinds, each named in the headline so the reason never hides in the details: ``ULP apart``
+    (the largest distance with it), ``tie flips`` (a rounding tie of the grid rounded the other
+    way: one grid step each, ``harness.core.ulp``), ``+0 vs -0`` (sign of zero: ULP distance 0),
+    ``NaN with other bits`` (``--nan-bits strict``), NaN or inf where the reference has none.
+    ``bitwise``: the comparison was ``equality.bitwise`` (a sign-of-zero difference is an ``error``
+    there; it is named as a sign of zero, not as an error of 0 ULP).
+    """
     c = fields["counts"]
-    bad = numel - c["exact"]
+    zeros = fields.get("signed_zero", 0)
+    nan_bits, nan_mismatch, inf_mismatch = c.get("nan_bits", 0), fields.get("nan_mismatch", 0), fields.get("inf_mismatch", 0)
+    bad = numel - c["exact"] + (0 if bitwise else zeros)
     if not bad:
-        zeros = fields.get("signed_zero", 0)
-        return f"{zeros} of {numel} elements differ in the sign of zero (+0 vs -0; strict mode compares bits)" if zeros else ""
+        return ""
+    other = c.get("error", 0) - nan_mismatch - inf_mismatch - (zeros if bitwise else 0)
+    parts = []
+    if zeros:
+        parts.append(f"{zeros} {'differ' if zeros != 1 else 'differs'} in the sign of zero (+0 vs -0: 0 ULP apart, other bits)")
+    if c.get("ulp1"):
+        parts.append(f"{_are(c['ulp1'])} 1 ULP apart")
+    if c.get("tie_flip"):
+        parts.append(f"{_are(c['tie_flip'])} {'tie flips' if c['tie_flip'] > 1 else 'a tie flip'} (a value on a rounding tie, rounded "
+                     f"the other way: one grid step)")
+    if other > 0:
+        parts.append(f"{_are(other)} {'wrong values' if other > 1 else 'a wrong value'}" + (f" (up to {fields['max_ulp']} ULP apart)" if fields["max_ulp"] > 1 else ""))
+    if nan_bits:
+        parts.append(f"{_are(nan_bits)} NaN with other bits than the reference's NaN (--nan-bits strict; by default NaN payload and sign "
+                     f"are not compared)")
+    if nan_mismatch:
+        parts.append(f"{_are(nan_mismatch)} NaN where the reference has none, or a number where it has NaN")
+    if inf_mismatch:
+        parts.append(f"{inf_mismatch} {'disagree' if inf_mismatch > 1 else 'disagrees'} on inf")
     experts = [s.expert for s in fields["per_expert"] if s.counts["exact"] != s.numel]
-    parts = [f"{k} {c[k]}" for k in CLASSES[1:] if c[k]]
-    msg = f"{bad} of {numel} elements differ ({', '.join(parts)}; max {fields['max_ulp']} ULP) in experts {experts[:12]}{'...' if len(experts) > 12 else ''}"
-    if c.get("nan_bits"):
-        msg += f"; {c['nan_bits']} NaN with other bits than the reference's NaN (--nan-bits strict; by default NaN payload and sign are not compared)"
-    if fields["nan_mismatch"]:
-        msg += f"; {fields['nan_mismatch']} NaN disagreements (NaN where the reference has none, or the reverse)"
-    if fields["inf_mismatch"]:
-        msg += f"; {fields['inf_mismatch']} inf disagreements"
-    return msg
+    where = f" in experts {experts[:12]}{'...' if len(experts) > 12 else ''}" if experts else ""
+    return f"{bad} of {numel} elements differ{where}: " + "; ".join(parts)

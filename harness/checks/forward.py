@@ -60,29 +60,30 @@ def expected_forward(inputs) -> Expected:
     return Expected(outputs, None, (time.perf_counter() - start) * 1e6)
 
 
-def trace_expert(inputs, e: int) -> FakeQuantResult:
-    """The reference's traced result (output and fp32 pre-rounding values) of expert ``e``."""
+def trace_expert(inputs, e: int, amax: Optional[torch.Tensor] = None) -> FakeQuantResult:
+    """The reference's traced result (output and fp32 pre-rounding values) of expert ``e``
+    (``amax``: the amax of all experts to use instead of the case's, as after recalibration)."""
     case = inputs.case
-    amax = split_expert_amax(inputs.weights, inputs.amax)[e]
+    amax = split_expert_amax(inputs.weights, inputs.amax if amax is None else amax)[e]
     return reference.fake_quant_traced(inputs.weights[e], amax, case.fmt, case.variant, **reference_options(case))
 
 
-def compare_expert(inputs, e: int, expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS
-                   ) -> tuple[Comparison, Optional[torch.Tensor]]:
+def compare_expert(inputs, e: int, expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS,
+                   amax: Optional[torch.Tensor] = None) -> tuple[Comparison, Optional[torch.Tensor]]:
     """Classify expert ``e``'s elements; the pre-rounding values are traced only when it mismatches.
 
     Returns the comparison and the pre-rounding values (``None`` when the expert matched).  The
     traced output must equal ``expected`` bit for bit (it is the same reference call), else
     ``RuntimeError``: the reference itself would be non-deterministic.  ``nan_bits``: the NaN policy
-    (``harness.core.equality``).
+    (``harness.core.equality``); ``amax``: as in ``trace_expert``.
     """
     comp = compare(expected, got, nan_bits=nan_bits)
     if comp.counts["exact"] == comp.numel:
         return comp, None
-    traced = trace_expert(inputs, e)
+    traced = trace_expert(inputs, e, amax)
     if not bool(bits_equal(traced.out, expected).all()):
         raise RuntimeError(f"the reference gave different bits for expert {e} when traced: it must be deterministic")
-    return compare(expected, got, traced.pre_round, traced.grid_round, nan_bits=nan_bits), traced.pre_round
+    return compare(expected, got, traced.pre_round, traced.grid_round, nan_bits=nan_bits, inputs=inputs.weights[e]), traced.pre_round
 
 
 def check_forward(ctx: CheckContext, expected: Expected):

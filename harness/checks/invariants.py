@@ -17,13 +17,14 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import split_expert_amax
 
-from moe_fq_parity.harness.core.equality import bitwise, compare_each, same_bits
-from moe_fq_parity.harness.core.ulp import CLASSES
+from moe_fq_parity.harness.core.equality import bitwise, compare_each, offender, same_bits
+from moe_fq_parity.harness.core.ulp import CLASSES, Comparison
 
 from .common import (
-    MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, not_run_reason, problems_of, record, reference_options,
-    summarize,
+    MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
+    reference_options, summarize,
 )
+from .forward import compare_expert
 
 
 GROUPED_SAMPLE = 4
@@ -40,44 +41,29 @@ def grouped_sample(n: int, empty: set[int]) -> list[int]:
 
 
 def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
-                  other: Sequence[torch.Tensor], what: str, experts: Sequence[int] | None = None,
-                  explain: Callable[[int, torch.Tensor, torch.Tensor], int] | None = None, explained: str = ""):
+                  other: Sequence[torch.Tensor], what: str, experts: Sequence[int] | None = None):
     """A failed record when ``base`` and ``other`` differ bitwise (``equality.bitwise``), else ``None``.
 
     ``base`` is a sequence or a function ``k -> tensor`` (computed when compared, one at a time);
     ``experts`` names the original expert index of each compared tensor (default ``0..len-1``).
-    ``explain(expert, mismatch_mask, got)`` counts the mismatching elements a suspected cause
-    accounts for; the message then states that count with ``explained`` (a diagnosis is only
-    made from that evidence).
     """
     idx = list(experts) if experts is not None else list(range(len(other)))
     offenders: list = []
-    n_explained = 0
     get = base if callable(base) else base.__getitem__
 
     def full(k: int):
-        nonlocal n_explained
         b, o = get(k), other[k]
         comp = bitwise(b, o, ctx.nan_bits)
         offenders.extend(expert_offenders(idx[k], comp, ctx.inputs.weights[idx[k]], b, o, None, MAX_OFFENDERS - len(offenders)))
-        if explain is not None and comp.counts["error"]:
-            n_explained += explain(idx[k], ~same_bits(b, o, ctx.nan_bits) & ~(torch.isnan(b) & torch.isnan(o.to(b.device))), o)
         return comp
 
     comps = compare_each(len(other), get, other, full)
     fields = summarize(comps, ctx.inputs.amax[idx])
-    errors, nan_bits = fields["counts"]["error"], fields["counts"]["nan_bits"]
-    if not errors and not nan_bits:
+    if not fields["counts"]["error"] and not fields["counts"]["nan_bits"]:
         return None
     fields["per_expert"] = tuple(replace(e, expert=idx[e.expert]) for e in fields["per_expert"])
-    parts = []
-    if errors:
-        parts.append(f"{errors} elements differ bitwise")
-        if explain is not None:
-            parts.append(f"{n_explained} of them {explained}")
-    if nan_bits:
-        parts.append(f"{nan_bits} NaN with other bits than the reference's NaN (--nan-bits strict)")
-    return record(ctx, check, "fail", f"{what}: " + "; ".join(parts), offenders=tuple(offenders), **fields)
+    numel = sum(c.numel for c in comps)
+    return record(ctx, check, "fail", f"{what}: " + mismatch_message(fields, numel, bitwise=True), offenders=tuple(offenders), **fields)
 
 
 def _pass_fields(ctx: CheckContext) -> dict:
@@ -172,12 +158,47 @@ RECALIBRATE_FACTOR = 0.6875
 """New amax = old amax x 0.6875 (11/16): not a power of two, which FP8/NVFP4 could not see."""
 
 
+def _classified(ctx: CheckContext, e: int, expected: torch.Tensor, got: torch.Tensor, amax: torch.Tensor, limit: int
+                ) -> tuple[Comparison, list]:
+    """Expert ``e``'s comparison with the forward check's classes (ULP, tie flip with the pre-rounding
+    values, NaN bits) for the reference at ``amax``, and its first ``limit`` offenders; a
+    sign-of-zero difference (bitwise here, as everywhere but forward ``1-ulp``) is an offender of
+    class ``signed_zero``."""
+    comp, pre = compare_expert(ctx.inputs, e, expected, got, ctx.nan_bits, amax=amax)
+    w = ctx.inputs.weights[e]
+    found = expert_offenders(e, comp, w, expected, got, pre, limit)
+    if comp.signed_zero and len(found) < limit:
+        g = got.detach().to(expected.device).reshape(-1)
+        ex = expected.reshape(-1)
+        zeros = torch.nonzero((ex == 0) & (g == 0) & (torch.signbit(ex) != torch.signbit(g))).reshape(-1)
+        found += [offender(e, int(i), expected, got.detach().to(expected.device), "signed_zero", inputs=w, pre_round=pre, ulp=0)
+                  for i in zeros[: limit - len(found)].tolist()]
+    return comp, found
+
+
+def _differing(ctx: CheckContext, amax: torch.Tensor, got: Sequence[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+    """Elements of ``got`` that are not ``same_bits`` as the reference at ``amax``: the count and a mask per expert."""
+    case, per = ctx.case, split_expert_amax(ctx.inputs.weights, amax)
+    masks = []
+    for e, w in enumerate(ctx.inputs.weights):
+        ref = reference.fake_quant(w, per[e], case.fmt, case.variant, **reference_options(case))
+        masks.append(~same_bits(ref, got[e], ctx.nan_bits))
+    return sum(int(m.sum()) for m in masks), masks
+
+
 def check_recalibrate(ctx: CheckContext):
     """Same weights, new amax (as after calibration or a checkpoint reload): the second call must
     follow the new amax, bit for bit with the reference.  Catches an amax gathered once and cached.
 
+    The elements are classified as the forward check classifies them (tie flips with their
+    pre-rounding values), and a failure says how it relates to the original amax: the elements that
+    equal the reference for the old amax (a stale amax when that is all of them), and whether the
+    backend differs from the reference at the original amax too (the forward check of this case
+    fails then: one cause, reported by both checks).
+
     Memory: the first call's outputs are dropped before the second call; the reference for the new
-    amax is computed expert by expert while comparing.
+    amax is computed expert by expert while comparing.  A failure costs one more backend call at the
+    original amax and the reference at both amaxes (output-sized masks per expert).
     """
     check = "invariant.recalibrate"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
@@ -205,21 +226,41 @@ def check_recalibrate(ctx: CheckContext):
     except _SpecRejects as exc:
         return record(ctx, check, "skip", f"the spec rejects the recalibrated input ({exc})")
     second = call_backend(ctx, lambda: be.fake_quant(inputs.weights, new_amax, case.fmt, **opts))
+    seconds += second.seconds
     if (problem := problems_of(second, inputs.weights)) is not None:
         return record(ctx, check, "fail", f"call after recalibration: {problem}")
-    old_per = split_expert_amax(inputs.weights, inputs.amax)
+    offenders: list = []
 
-    def old_amax_explains(e: int, differ: torch.Tensor, got: torch.Tensor) -> int:
-        """Mismatching elements of expert ``e`` that equal the reference for the *old* amax."""
-        old = reference.fake_quant(inputs.weights[e], old_per[e], case.fmt, case.variant, **reference_options(case))
-        return int((differ & same_bits(old, got, ctx.nan_bits)).sum())
+    def full(e: int) -> Comparison:
+        comp, found = _classified(ctx, e, reference_for(e), second.value[e], new_amax, MAX_OFFENDERS - len(offenders))
+        offenders.extend(found)
+        return comp
 
     try:
-        failed = _compare_runs(ctx, check, reference_for, second.value,
-                               f"after amax x {RECALIBRATE_FACTOR} the backend disagrees with the reference for the new amax",
-                               explain=old_amax_explains, explained="equal the reference for the old amax (a stale amax when that is all of them)")
+        comps = compare_each(len(inputs.weights), reference_for, second.value, full)
     except _SpecRejects as exc:
         return record(ctx, check, "skip", f"the spec rejects the recalibrated input ({exc})")
-    if failed is not None:
-        return failed
-    return record(ctx, check, "pass", "", duration_s=seconds + second.seconds, **_pass_fields(ctx))
+    fields = summarize(comps, new_amax)
+    if all(c.counts["exact"] == c.numel and not c.signed_zero for c in comps):
+        return record(ctx, check, "pass", "", duration_s=seconds, **_pass_fields(ctx))
+    # Why: the elements that equal the reference for the old amax, and the backend at the original amax.
+    bad, bad_masks = _differing(ctx, new_amax, second.value)
+    stale = sum(int((m & ~d).sum()) for m, d in zip(bad_masks, _differing(ctx, inputs.amax, second.value)[1]))
+    again = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
+    seconds += again.seconds
+    why = []
+    if stale == bad:
+        why.append(f"all {bad} equal the reference's output for the old amax: the backend kept using the old amax (a stale amax)")
+    elif stale:
+        why.append(f"{stale} of them equal the reference's output for the old amax")
+    if problems_of(again, inputs.weights) is None:
+        at_old, old_masks = _differing(ctx, inputs.amax, again.value)
+        if at_old == 0:
+            why.append("at the original amax the backend matches the reference (the forward check of this case passes)")
+        else:
+            same = all(bool((m & ~o).sum() == 0) for m, o in zip(bad_masks, old_masks))
+            why.append(f"the forward check of this case fails too ({at_old} elements at the original amax"
+                       + (", every element failing here among them" if same else "") + "): read that record first, it may be the same cause")
+    del again
+    msg = f"with the amax x {RECALIBRATE_FACTOR} (as after recalibration): " + mismatch_message(fields, case.numel, bitwise=False)
+    return record(ctx, check, "fail", msg + "".join(f"; {w}" for w in why), offenders=tuple(offenders), duration_s=seconds, **fields)

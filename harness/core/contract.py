@@ -21,18 +21,30 @@ Optional:
   ``{"pass_through", "clipped"}``;
 * ``fake_quant_stacked(weight, amax, fmt, **options) -> Tensor`` for a stacked ``[N, out, in]``;
 * ``available() -> tuple[bool, str]``: whether it can run here, and why not;
-* ``device: str`` -- where to put inputs (``"cpu"``/``"cuda"``); default: ``"cuda"`` if present.
+* ``device: str`` -- where to put inputs (``"cpu"``/``"cuda"``); default: ``"cuda"`` if present;
+* ``variants: Mapping[str, Collection[str]]`` -- per format, the reference variants it implements
+  (the default variant among them); a format it leaves out: every variant may be asked for, and a
+  decline is a skip;
+* ``options: Mapping[str, Mapping[str, Optional[Collection]]]`` -- per format, the options it
+  implements and the values it takes (``None``: any value of the option's type); a format it leaves
+  out: every option may be asked for.
+
+What a backend declares decides what is planned for it (``harness.checks.plan``): a case of a
+format, variant or option value it does not declare is *not applicable* to it (counted per backend,
+no record); a case it declares must be checked, and declining it (``NotImplementedError``,
+``TypeError``, ``ValueError``) is a failure.
 
 Nothing else is required: outside kernels plug in without glue (``--backend pkg.mod:obj``).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Collection, Mapping
+from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from moe_fq_parity.reference.formats import FORMATS
+from moe_fq_parity.reference.formats import FORMATS, format_spec
 
 STE_MODES = ("pass_through", "clipped")
 
@@ -68,6 +80,7 @@ def check_backend(obj: object, origin: str = "") -> None:
     for opt in ("ste_backward", "fake_quant_stacked", "available"):
         if hasattr(obj, opt) and not callable(getattr(obj, opt)):
             problems.append(f"`{opt}` is present but not callable")
+    problems += declaration_problems(obj)
     if problems:
         raise ContractError(f"backend {name or obj!r}{where} does not meet the contract: " + "; ".join(problems))
 
@@ -90,3 +103,47 @@ def backend_available(backend: object) -> tuple[bool, str]:
     except Exception as exc:  # a probe that raises is a reason, not a crash
         return False, f"available() raised {type(exc).__name__}: {exc}"
     return bool(ok), str(reason)
+
+
+def declared_variants(backend: object, fmt: str) -> Optional[frozenset[str]]:
+    """The variants of ``fmt`` the backend declares (``variants``), or ``None`` when it declares none."""
+    table = getattr(backend, "variants", None)
+    if not isinstance(table, Mapping) or fmt not in table:
+        return None
+    return frozenset(table[fmt])
+
+
+def declared_options(backend: object, fmt: str) -> Optional[Mapping[str, Optional[Collection]]]:
+    """The options of ``fmt`` the backend declares (``options``: name -> accepted values or ``None``
+    for any), or ``None`` when it declares none."""
+    table = getattr(backend, "options", None)
+    if not isinstance(table, Mapping) or fmt not in table:
+        return None
+    return table[fmt]
+
+
+def declaration_problems(obj: object) -> list[str]:
+    """How the optional ``variants``/``options`` declarations miss the contract (empty when they meet it)."""
+    problems = []
+    for attr in ("variants", "options"):
+        table = getattr(obj, attr, None)
+        if table is None:
+            continue
+        if not isinstance(table, Mapping):
+            problems.append(f"`{attr}` must map a format to what it implements, got {type(table).__name__}")
+            continue
+        for fmt, declared in table.items():
+            if fmt not in FORMATS:
+                problems.append(f"`{attr}` names the unknown format {fmt!r}; known: {FORMATS}")
+                continue
+            spec = format_spec(fmt)
+            if attr == "variants":
+                unknown = sorted(set(declared) - set(spec.variants)) if isinstance(declared, Collection) and not isinstance(declared, str) else None
+                if unknown is None:
+                    problems.append(f"`variants[{fmt!r}]` must be a collection of variant names, got {declared!r}")
+                elif unknown:
+                    problems.append(f"`variants[{fmt!r}]` names unknown variants {unknown}; known: {spec.variant_names}")
+            elif not isinstance(declared, Mapping) or not set(declared) <= {o.name for o in spec.options}:
+                problems.append(f"`options[{fmt!r}]` must map option names of {fmt} ({[o.name for o in spec.options]}) to accepted values "
+                                f"or None, got {declared!r}")
+    return problems

@@ -12,7 +12,12 @@ Classes of an element (reference ``expected``, backend ``got``):
 * ``ulp1``      -- 1 ULP apart;
 * ``tie_flip``  -- more than 1 ULP apart *and* the reference's pre-rounding value lies within
   ``TIE_WINDOW_FP32_ULPS`` fp32 ulps of a rounding boundary of the format's grid: the signature
-  of a different-but-legitimate fp32 op order (docs/measured.md §2), reported apart from real errors;
+  of a different-but-legitimate fp32 op order (docs/measured.md §2), reported apart from real errors.
+  Given the inputs (``compare(..., inputs=x)``), a tie flip is also *one step of the format's grid*:
+  ``got`` is within 1 output ULP of the reference's value for the other rounding of that tie
+  (``other_side``); a value farther off at a tie is an ``error``.  A tie flip is measured in grid
+  steps, not in ULP: its ULP distance is not in ``max_ulp`` nor in the histogram (next to zero, one
+  step of an INT8 grid is ~1e9 fp32 ULP, which says nothing about the mismatch);
 * ``nan_bits``  -- both NaN with different bits; only under ``nan_bits="strict"`` (by default NaN
   payload and sign are not part of the value and such a pair is ``exact``);
 * ``error``     -- everything else, including any NaN/inf disagreement.
@@ -51,6 +56,27 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
     return (ordered_int(a) - ordered_int(b)).abs()
+
+
+def other_side(pre_round: torch.Tensor, inputs: torch.Tensor, grid_round: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype,
+               window: int = TIE_WINDOW_FP32_ULPS) -> torch.Tensor:
+    """The output (``dtype``) of the *other* rounding of each near-tie pre-rounding value.
+
+    For a value ``p = x * s`` within ``window`` fp32 ulps of a tie, the grid rounds ``p`` to ``g``
+    and the values just across the tie to ``g'``; the element's scale is ``s = p / x`` (``x != 0``
+    wherever ``p`` is near a tie) and the other side's output is ``RN_dtype(g' / s)``, computed in
+    float64.  Exact to the output rounding for INT and FP8 (one scale per element); for NVFP4
+    ``s`` is the product of the block and global scales (the same to an fp32 rounding), so the
+    result may sit 1 output ULP off, which ``compare`` allows.
+    """
+    lo, hi = pre_round.clone(), pre_round.clone()
+    for _ in range(window):
+        lo = torch.nextafter(lo, torch.full_like(lo, -float("inf")))
+        hi = torch.nextafter(hi, torch.full_like(hi, float("inf")))
+    g, g_lo, g_hi = grid_round(pre_round), grid_round(lo), grid_round(hi)
+    g_other = torch.where(g_lo == g, g_hi, g_lo).double()
+    scale = pre_round.double() / inputs.double()
+    return (g_other / scale).to(dtype)
 
 
 def near_tie(pre_round: torch.Tensor, grid_round: Callable[[torch.Tensor], torch.Tensor], window: int = TIE_WINDOW_FP32_ULPS) -> torch.Tensor:
@@ -107,11 +133,14 @@ def compare(
     grid_round: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     *,
     nan_bits: str = "any",
+    inputs: Optional[torch.Tensor] = None,
 ) -> Comparison:
     """Classify every element of ``got`` against ``expected`` (same shape and dtype).
 
     ``pre_round``/``grid_round`` (from ``reference.fake_quant_traced``) enable tie-flip detection;
-    without them a >1 ULP mismatch is an ``error``.  ``nan_bits`` (``harness.core.equality``):
+    without them a >1 ULP mismatch is an ``error``.  ``inputs`` (the fake-quant input, same shape):
+    a tie flip must also be one grid step (``other_side``, within 1 output ULP), else it is an
+    ``error``.  ``max_ulp`` and ``histogram`` cover the finite pairs that are not tie flips.  ``nan_bits`` (``harness.core.equality``):
     ``"any"`` counts every NaN/NaN pair exact, ``"strict"`` counts a pair with different bits as
     ``nan_bits``.
     """
@@ -141,13 +170,24 @@ def compare(
         if bool(big.any()):
             v = pre_round.detach().reshape(-1).to(e.device)[idx[big]]
             tie = near_tie(v, grid_round)
+            if inputs is not None and bool(tie.any()):
+                x = inputs.detach().reshape(-1).to(e.device)[idx[big]]
+                step = torch.zeros_like(tie)
+                at = torch.nonzero(tie & (x != 0)).reshape(-1)
+                if at.numel():
+                    other = other_side(v[at], x[at], grid_round, e.dtype)
+                    got_at = g[idx[big]][at]
+                    step[at] = torch.isfinite(other) & (ulp_distance(other, got_at) <= 1)
+                tie = tie & step
             sub = cls[big]
             sub = torch.where(tie, torch.tensor(CLASSES.index("tie_flip"), dtype=torch.int8, device=e.device), sub)
             cls[big] = sub
     counts = {c: int((cls == k).sum()) for k, c in enumerate(CLASSES)}
     counts["exact"] = e.numel() - idx.numel()
     signed_zero = int(((e == 0) & (g == 0) & (torch.signbit(e) != torch.signbit(g))).sum())
-    fd = dist[finite]
+    measured = finite.clone()
+    measured[idx[cls == CLASSES.index("tie_flip")]] = False  # a tie flip is one grid step, not a ULP distance
+    fd = dist[measured]
     hist = []
     for lo, hi in zip(HIST_EDGES, HIST_EDGES[1:] + (None,)):
         m = fd >= lo if hi is None else (fd >= lo) & (fd < hi)

@@ -185,7 +185,12 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
                 d.add(REGRESSIONS, "slowdown", f"slowdown beyond {slowdown:.0%}: {text}")
             elif ratio < 1 - slowdown:
                 d.add(IMPROVEMENTS, "speedup", f"speedup: {text}")
-    for key in sorted(old_r.keys() - new_r.keys()):
+    gone = old_r.keys() - new_r.keys()
+    unchecked = {k for k in gone if old_r[k]["verdict"] == "skip"}  # a skip checked nothing: no coverage lost
+    for key in sorted(unchecked):
+        d.add(CHANGES, "baseline skip not in the new report",
+              f"skipped in the baseline, not in the new report (now not applicable to its backend, or no longer planned): {key}")
+    for key in sorted(gone - unchecked):
         d.add(REGRESSIONS, "missing record", f"missing in new report (coverage lost): {key}")
     old_s, new_s = _section_rows(old), _section_rows(new)
     if shard and not old.get("meta", {}).get("shard"):  # a shard runs only its share of the sections

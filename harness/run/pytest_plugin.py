@@ -611,6 +611,10 @@ def parity_check(parity_case, parity_loaded_backend, parity_settings, parity_rec
     from moe_fq_parity.harness.core.memory import OOM_ERRORS, case_bytes, forget, release
 
     def run(name: str):
+        from moe_fq_parity.harness.checks.plan import LABEL, planned_checks
+
+        if not (plan := planned_checks(parity_loaded_backend, parity_case, [name]))[0]:
+            pytest.skip(f"{LABEL}: {plan[1]}")  # no record: outside what the backend declares
         device = parity_loaded_backend.device or "cpu"
         detail = None
         try:

@@ -21,6 +21,7 @@ from moe_fq_parity.reports.writer import ReportWriter, now_iso
 
 from moe_fq_parity.harness.backends import LoadedBackend
 from moe_fq_parity.harness.checks import CheckContext, case_oom_record, expected_forward, run_case_checks
+from moe_fq_parity.harness.checks.plan import NotApplicable, applicable, summary_line
 from .diff import diff_reports, format_diff
 from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
@@ -219,13 +220,14 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
     t0 = time.perf_counter()
     runnable = [b for b in cfg.backends if b.available]
     checks = cfg.checks + (("perf",) if cfg.perf and "perf" not in cfg.checks else ())
-    failures = 0
+    failures, na = 0, NotApplicable()
     bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}" + (f" shard {cfg.shard}" if cfg.shard else ""), unit="case",
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     for case in bar:
         by_device: dict[str, list[LoadedBackend]] = {}
-        for b in runnable:
+        for b in applicable(runnable, case, checks, na):  # the others: not applicable, counted (harness.checks.plan)
             by_device.setdefault(b.device or "cpu", []).append(b)
+        writer.report["not_applicable"] = na.to_json()
         for device, group in by_device.items():
             recs = _case_records(cfg, case, device, group, checks, curve, phases)
             failures += sum(r.verdict == "fail" for r in recs)
@@ -325,6 +327,8 @@ def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
     for block in failures_summary(report["records"]):
         print(block)
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {writer.json_path} and {writer.html_path}")
+    if summary_line(report):
+        print(summary_line(report))
     oom = [r for r in report["records"] if r.get("outcome") == "oom"]
     if oom:
         print(f"{len(oom)} checks ran out of memory (no parity verdict; the run fails):", file=sys.stderr)

@@ -79,3 +79,73 @@ def test_report_with_failures_and_folded_skips_renders_in_headless_chromium(tmp_
     _, html_path = write_report(tmp_path, _report())
     shot = screenshot(html_path, tmp_path / "shot.png", height=1400)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+LONG = ("backend refused options {'variant': 'step'}: NotImplementedError: kernels implements variants ('cuda',) of int8, not 'step' "
+        "(raised in /work/venv/lib/python3.11/site-packages/moe_fq_parity/harness/backends/triton_backend.py:88) " + "x" * 300)
+
+
+def _failing_report() -> dict:
+    rep = _report()
+    rep["records"] += [_rec("int8.cuda/f0", "fail", "3 of 100 elements differ: 3 are tie flips", check="invariant.recalibrate")]
+    rep["records"] += [_rec(f"int8.step/l{k}", "skip", LONG) for k in range(4)]
+    rep["records"] += [_rec("int8.cuda/c0", "pass", check="backward.clipped")]
+    for r in rep["records"]:
+        r["key"] = f"{r['case_id']}|{r['backend']}|{r['check']}"
+        if r["verdict"] == "pass" and r["check"] == "forward":
+            r["histogram"] = [100, 0, 0, 0, 0, 0, 0, 0, 0]
+    rep["records"][0]["histogram"] = []  # a forward pass without outputs to compare (a rejection the spec requires)
+    rep["sections"].append({"name": "external", "title": "External", "verdict": "fail", "columns": [], "notes": "", "rows": [
+        {"id": "external/modelopt/int8/variants", "verdict": "fail", "message": "matches no variant", "repro": "python -m x"},
+        {"id": "external/te/fp8/variants", "verdict": "skip", "message": "Transformer Engine is not installed"},
+        {"id": "external/modelopt-eager/int8/variants", "verdict": "pass", "message": ""}]})
+    rep["not_applicable"] = {"triton": {"records": 2800, "cases": 470, "reasons": [
+        {"reason": "triton implements the int8 variants ['cuda'], not 'eager'", "records": 342, "cases": 57}]}}
+    return rep
+
+
+def test_a_failing_report_shows_what_failed_before_anything_else():
+    html = render_html(_failing_report())
+    body = html[html.index("<body>"):]
+    top = body[body.index('id="failures"'):body.index("<h2>Summary</h2>")]
+    assert body.index('id="failures"') < body.index("<h2>Summary</h2>") < body.index("ULP histograms") < body.index('id="check-forward"')
+    text = _text(top)
+    assert "3 failing records in 2 cases" in text and "1 failing section row" in text
+    # one cause, two checks: the case is listed once, with both of its failing checks
+    assert top.count('<td class="mono">int8.cuda/f0</td>') == 1
+    assert "forward : 10 of 100 elements differ" in text and "invariant.recalibrate : 3 of 100 elements differ" in text
+    assert "external/modelopt/int8/variants" in text and "matches no variant" in text and "python -m x" in text
+    assert 'href="#int8.cuda/f0|triton|invariant.recalibrate"' in top  # each check links to its record row
+
+
+def test_counts_styled_by_value_and_section_skips_shown():
+    html = render_html(_failing_report())
+    summary = html[html.index("<h2>Summary</h2>"):html.index('id="not-checked"')]
+    check_rows = re.findall(r"<tr><td>([\w.]+)</td><td class=\"num (\w*)\">(\d+)</td>", summary)
+    assert ("invariant.recalibrate", "zero", "0") in check_rows and ("forward", "pass", "3") in check_rows, check_rows
+    assert not re.search(r'class="num pass">0<', summary)  # a zero is never bold green
+    ext = _text(summary[summary.index('"#section-external"'):])
+    assert re.search(r"External fail 1 1 1 ", ext[:60]), ext[:60]  # pass, fail, skip
+
+
+def test_not_checked_groups_long_reasons_without_paths():
+    html = render_html(_failing_report())
+    summary = _text(html[html.index('id="not-checked"'):html.index("ULP histograms")])
+    line = summary[summary.index("4 records on triton (4 cases; forward): backend refused options"):]
+    assert "/work/venv" not in summary and "triton_backend.py:88)" in line
+    assert line.index("\u2026") < 300  # cut, the whole text in the title
+
+
+def test_not_applicable_is_one_counted_line_apart_from_skips():
+    html = render_html(_failing_report())
+    na = _text(html[html.index('id="not-applicable"'):html.index('id="not-checked"')])
+    assert "2,800 checks of 470 cases on triton: not applicable to this backend" in na
+    assert "57 cases: triton implements the int8 variants ['cuda'], not 'eager'".replace("'", "&#39;") in na
+    assert "2800" not in _text(html[html.index('id="not-checked"'):])
+
+
+def test_histogram_says_what_it_counts():
+    html = render_html(_failing_report())
+    text = _text(html[html.index("ULP histograms"):html.index("Bandwidth")])
+    assert "14 forward records (3 pass, 2 fail, 9 skip): the 2 that compared outputs are counted here" in text, text[:400]
+    assert "the other 12 had no outputs to compare" in text
