@@ -46,22 +46,39 @@ class OutDirBusy(RuntimeError):
 @contextmanager
 def out_lock(out_dir: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``out_dir/.parity-run.lock`` (created), or raise ``OutDirBusy``
-    naming the holder's pid at once: two runs never write one report.json/report.html pair."""
+    naming the holder's pid at once: two runs never write one report.json/report.html pair.
+
+    The file is removed when the block ends (while still locked), so a finished run leaves only its
+    report behind.  A run that opened the file just before its holder removed it locks a file no
+    longer in the folder: it sees that (the path's inode is not the one it locked) and opens the
+    path again, so two runs never both hold "the" lock."""
     import fcntl
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise OutDirBusy(f"another run (pid {holder}) is writing to {out_dir}; wait for it or choose another --out") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed the file we locked: lock the one in the folder now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
         os.close(fd)  # releases the lock
 
 
