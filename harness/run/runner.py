@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes,
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
-from moe_fq_parity.harness.core.guard import Terminated
+from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
 from moe_fq_parity.harness import sections as report_sections
@@ -80,24 +78,6 @@ def out_lock(out_dir: Path) -> Iterator[None]:
         except FileNotFoundError:
             pass
         os.close(fd)  # releases the lock
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """In the main thread, SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) so the run ends with
-    a partial, valid report saying so, as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _term(signum, frame):
-        raise Terminated("terminated (SIGTERM)")
-
-    old = signal.signal(signal.SIGTERM, _term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def validate_config(checks: Sequence[str], sections: Optional[Sequence[str]], timeout_s: Optional[float], nan_bits: str, mode: str) -> None:
@@ -255,7 +235,7 @@ def run(cfg: RunConfig) -> int:
     from moe_fq_parity.reports import html  # noqa: F401
 
     try:
-        with out_lock(cfg.out_dir), sigterm_as_interrupt():
+        with out_lock(cfg.out_dir), run_signals():
             return _run_locked(cfg)
     except OutDirBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -340,6 +320,8 @@ def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
     for b in cfg.backends:
         if not b.available:
             print(f"backend {b.spec} skipped: {b.why_not}")
+        elif b.built is not None and b.built.changes:
+            print(f"backend {b.spec}: {b.built.note()}", file=sys.stderr)
     verdict = overall_verdict(report)
     if verdict == "fail":
         return EXIT_FAIL
