@@ -486,6 +486,14 @@ _WATCH: dict[str, Callable[[bool], None]] = {}
 worker tells its parent, which kills a worker whose call outlives the timeout)."""
 
 
+def watch_calls(fn: Optional[Callable[[bool], None]]) -> None:
+    """``fn(True)`` when each guarded backend call starts, ``fn(False)`` when it ends (``None``: stop)."""
+    if fn is None:
+        _WATCH.pop("call", None)
+    else:
+        _WATCH["call"] = fn
+
+
 def output_problems(outputs: Any, like: Sequence[torch.Tensor]) -> list[str]:
     """Every way ``outputs`` misses "N tensors with the inputs' shape, dtype and device"."""
     if not isinstance(outputs, (list, tuple)):

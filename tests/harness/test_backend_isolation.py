@@ -10,6 +10,10 @@ backend that exits, segfaults, hangs past the timeout or raises ``KeyboardInterr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ import torch
 from moe_fq_parity.harness.core.guard import ProcessState, ProcessStateChanged, building, guarded
 from moe_fq_parity.harness.run.cli import main
 
+REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "tests.harness.hostile_backends"
 SPECIAL = "int8.reciprocal/per_expert/stacked/N4/16x48/special@design/s0"
 """Its inputs hold denormals: flushing them changes the outputs."""
@@ -66,3 +71,67 @@ def test_a_backend_setting_the_default_dtype_fails_itself_not_the_next_case(tmp_
     assert all(by[(c, "SetsDefaultDtype")]["verdict"] == "fail" and "default_dtype" in by[(c, "SetsDefaultDtype")]["message"]
                for c in (INT8, SPECIAL))
     assert torch.get_default_dtype() == torch.float32
+
+
+# --- isolation: a supervised worker process ---------------------------------------------------------
+
+INT4 = "int4.cuda/per_expert/stacked/N4/16x48/special@design/s0"
+"""The hostile backends misbehave on INT4 calls only: the INT8 case after it shows the run going on."""
+
+
+@pytest.mark.parametrize("name, how", [("ExitsZero", "exited with code 0"), ("Segfaults", "killed by signal SIGSEGV")])
+def test_a_backend_that_ends_its_process_gives_crash_records_and_the_run_goes_on(tmp_path, name, how):
+    rc, report = _run(tmp_path / name, "--case", INT4, "--case", INT8, "--backend", f"{HOSTILE}:{name}", "--backend", "reference",
+                      "--checks", "forward,backward.clipped")
+    assert rc == 1 and report["complete"] and report["meta"]["isolation"] == "worker"
+    by = {(r["case_id"], r["backend"].split(":")[-1], r["check"]): r for r in report["records"]}
+    assert len(by) == 8, sorted(by)
+    crashed = by[(INT4, name, "forward")]
+    assert crashed["outcome"] == "crash" and crashed["verdict"] == "fail" and how in crashed["message"], crashed["message"]
+    assert crashed["repro"].startswith("moe-fq-parity run --case " + INT4) and "--checks forward" in crashed["repro"]
+    not_run = by[(INT4, name, "backward.clipped")]
+    assert not_run["outcome"] == "crash" and not_run["message"].startswith("not run: in check forward"), not_run["message"]
+    # the case's other backend, and the next case, ran in a fresh worker
+    assert [by[k]["verdict"] for k in sorted(by) if k[:2] != (INT4, name)] == ["pass"] * 6
+
+
+def test_a_backend_that_hangs_past_every_alarm_gives_a_timeout_record(tmp_path):
+    start = time.monotonic()
+    rc, report = _run(tmp_path / "hang", "--case", INT4, "--case", INT8, "--backend", f"{HOSTILE}:HangsUninterruptibly",
+                      "--checks", "forward", "--timeout", "0.5")
+    assert time.monotonic() - start < 120
+    first, second = report["records"]
+    assert rc == 1 and first["outcome"] == "timeout" and "(timeout 0.5 s) ran past its limit" in first["message"], first["message"]
+    assert "--timeout 0.5" in first["repro"] and second["case_id"] == INT8 and second["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("mode", [[], ["--in-process"]], ids=["worker", "in_process"])
+def test_a_keyboard_interrupt_raised_by_a_backend_is_its_failure_not_the_end_of_the_run(tmp_path, mode):
+    rc, report = _run(tmp_path / "ki", "--case", INT4, "--case", INT8, "--backend", f"{HOSTILE}:RaisesKeyboardInterrupt",
+                      "--checks", "forward", *mode)
+    assert rc == 1 and report["complete"], report.get("error")
+    first, second = report["records"]
+    assert first["verdict"] == "fail" and "KeyboardInterrupt: from the backend" in first["message"] and "not a Ctrl-C" in first["message"]
+    assert second["verdict"] == "pass"
+
+
+def test_isolated_and_in_process_runs_give_the_same_records(tmp_path):
+    args = ("--case", INT4, "--case", SPECIAL, "--backend", "reference", "--backend", "eager-loop")
+    _, isolated = _run(tmp_path / "iso", *args)
+    _, inproc = _run(tmp_path / "inp", *args, "--in-process")
+    assert isolated["meta"]["isolation"] == "worker" and inproc["meta"]["isolation"] == "in-process"
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("duration_s", "peak_bytes")}  # noqa: E731
+    assert [strip(r) for r in isolated["records"]] == [strip(r) for r in inproc["records"]]
+    assert len(isolated["records"]) == 24
+
+
+def test_isolation_works_from_a_script_read_from_stdin(tmp_path):
+    """Workers start like every harness process (``startable_main``): a parent read from stdin works."""
+    script = (f"import sys; from moe_fq_parity.harness.run.cli import main\n"
+              f"sys.exit(main(['run', '--no-progress', '--no-sections', '--case', {INT4!r}, '--backend', '{HOSTILE}:Segfaults', "
+              f"'--checks', 'forward', '--out', {str(tmp_path / 'stdin')!r}]))\n")
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=REPO, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    report = json.loads((tmp_path / "stdin" / "report.json").read_text())
+    assert out.returncode == 1 and report["complete"], out.stderr[-2000:]
+    assert report["records"][0]["outcome"] == "crash" and "SIGSEGV" in report["records"][0]["message"]
