@@ -245,6 +245,7 @@ def crash_record(case: Case, spec: str, check: str, settings: WorkerSettings, ou
 def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curve: Optional[CopyCurve]) -> None:
     """Load the backends, then run each case the parent sends until it sends ``None`` or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which kills this process
+    _die_with_parent()
     import torch
 
     from moe_fq_parity.harness.backends import load
@@ -285,6 +286,19 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
                 conn.send(("lost", lost))
                 return
         conn.send(("done", {k: v for k, v in phases.items() if k in PHASES}))
+
+
+def _die_with_parent() -> None:
+    """On Linux: this process gets SIGKILL when its parent dies (even by SIGKILL), so a worker stuck in
+    a backend call never outlives its run; elsewhere the parent's exit ends it (a daemonic process)."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 def _cuda_lost() -> Optional[str]:

@@ -135,3 +135,26 @@ def test_isolation_works_from_a_script_read_from_stdin(tmp_path):
     report = json.loads((tmp_path / "stdin" / "report.json").read_text())
     assert out.returncode == 1 and report["complete"], out.stderr[-2000:]
     assert report["records"][0]["outcome"] == "crash" and "SIGSEGV" in report["records"][0]["message"]
+
+
+def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path):
+    """In process such a backend swallows the run's own ``Terminated`` too (the run outlived SIGTERM);
+    isolated, the signal reaches the parent, which writes the partial report and kills the worker."""
+    import signal
+
+    out = tmp_path / "term"
+    proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--case", INT4, "--backend", f"{HOSTILE}:HangsUninterruptibly",
+                             "--timeout", "0", "--checks", "forward", "--no-sections", "--no-progress", "--out", str(out)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 120
+    while not (out / "report.json").exists():
+        assert time.monotonic() < end and proc.poll() is None, "the run never wrote its report"
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    report = json.loads((out / "report.json").read_text())
+    assert proc.returncode == 143 and report["complete"] is False and report["error"] == "terminated (SIGTERM)", output[-2000:]
