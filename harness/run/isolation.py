@@ -61,6 +61,11 @@ def isolatable(backends: Sequence[LoadedBackend]) -> Optional[str]:
     return f"backends {bad} live in the parent's __main__, which a worker process cannot import" if bad else None
 
 
+class NotIsolatable(Exception):
+    """This case cannot run in a worker (its format was registered in this process at run time: a
+    spawned worker knows only the formats its imports register); the runner runs it in process."""
+
+
 class _WorkerDied(Exception):
     """The worker ended (or was killed) while a case was in flight; ``outcome`` is crash or timeout."""
 
@@ -105,6 +110,8 @@ class Supervisor:
         self.key = (self.specs, settings, tuple(map(tuple, curve)) if curve else None)
         self._proc: Any = None
         self._conn: Any = None
+        self.formats: frozenset[str] = frozenset()
+        """The formats the worker knows (``reference.FORMATS`` there)."""
         self.starts = 0
         """Workers started so far (1 + one per crash or timeout)."""
 
@@ -127,6 +134,7 @@ class Supervisor:
         if kind != "ready":
             self.close()
             raise _WorkerDied("crash", f"the worker could not load the backends: {payload}")
+        self.formats = frozenset(payload)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
@@ -193,6 +201,8 @@ class Supervisor:
             try:
                 if self._proc is None:
                     self._start()
+                if case.fmt not in self.formats:
+                    raise NotIsolatable(f"format {case.fmt!r} was registered in this process at run time, a worker process does not know it")
                 self._conn.send((case, device, [b.spec for b in pending], checks))
                 call_deadline: Optional[float] = None
                 while True:
@@ -260,8 +270,10 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
     except Exception as exc:  # noqa: BLE001 - told to the parent, which records it
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    from moe_fq_parity.reference import FORMATS
+
     watch_calls(lambda started: conn.send(("call", started)))
-    conn.send(("ready", None))
+    conn.send(("ready", sorted(FORMATS)))
     while True:
         try:
             job = conn.recv()

@@ -247,7 +247,7 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     supervisor = None
     if cfg.isolate and runnable:
-        from .isolation import WorkerSettings, isolatable, supervisor as get_supervisor
+        from .isolation import NotIsolatable, WorkerSettings, isolatable, supervisor as get_supervisor
 
         why = isolatable(runnable)
         if why is None:
@@ -257,16 +257,22 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
         else:
             print(f"note: the cases run in this process ({why})", file=sys.stderr)
     writer.report["meta"]["isolation"] = "worker" if supervisor is not None else "in-process"
-    finished = False
+    finished, notes = False, set()
     try:
         for case in bar:
             by_device: dict[str, list[LoadedBackend]] = {}
             for b in runnable:
                 by_device.setdefault(b.device or "cpu", []).append(b)
             for device, group in by_device.items():
+                recs = None
                 if supervisor is not None:
-                    recs = supervisor.records(case, device, group, checks, phases)
-                else:
+                    try:
+                        recs = supervisor.records(case, device, group, checks, phases)
+                    except NotIsolatable as exc:
+                        if exc.args[0] not in notes:
+                            notes.add(exc.args[0])
+                            print(f"note: case {case.id} runs in this process: {exc}", file=sys.stderr)
+                if recs is None:
                     recs = _case_records(cfg, case, device, group, checks, curve, phases)
                 failures += sum(r.verdict == "fail" for r in recs)
                 phases["report_writes"] = writer.write_s
