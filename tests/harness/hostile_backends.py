@@ -175,6 +175,26 @@ class RaisesKeyboardInterrupt(_MisbehavesOnInt4):
     def misbehave(self) -> None:
         raise KeyboardInterrupt("from the backend")
 
+
+class IllegalCudaAccess(_MisbehavesOnInt4):
+    """On a GPU: a Triton kernel stores 2**40 bytes past its tensor (an illegal memory access, which
+    poisons the process's CUDA context for every later call)."""
+
+    name = "illegal-cuda-access"
+    device = "cuda"
+
+    def misbehave(self) -> None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _poke(ptr):
+            tl.store(ptr + (1 << 40), 1.0)
+
+        target = torch.zeros(1, device="cuda")
+        _poke[(1,)](target)
+        torch.cuda.synchronize()
+
 declares_then_declines = DeclaresThenDeclines()
 writes_into_weights = WritesIntoWeights()
 halves_amax = HalvesAmax()

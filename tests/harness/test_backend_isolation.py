@@ -158,3 +158,13 @@ def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path):
         proc.kill()
     report = json.loads((out / "report.json").read_text())
     assert proc.returncode == 143 and report["complete"] is False and report["error"] == "terminated (SIGTERM)", output[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_illegal_cuda_access_gives_a_crash_record_and_the_next_case_a_fresh_context(tmp_path):
+    pytest.importorskip("triton")
+    rc, report = _run(tmp_path / "ima", "--case", INT4, "--case", INT8, "--backend", f"{HOSTILE}:IllegalCudaAccess", "--checks", "forward")
+    first, second = report["records"]
+    assert rc == 1 and first["outcome"] == "crash" and "the CUDA context is lost" in first["message"], first["message"]
+    assert second["case_id"] == INT8 and second["verdict"] == "pass", second["message"]
