@@ -13,10 +13,11 @@ unknown name, raises ``BackendLoadError`` (the user asked for it: that is an err
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
 from moe_fq_parity.harness.core.contract import backend_available, backend_device, check_backend
+from moe_fq_parity.harness.core.guard import BuiltState, building
 from moe_fq_parity.harness.sections.external import BACKENDS as EXTERNAL
 from moe_fq_parity.harness.sections.external import INSTALL_HINTS as _EXTERNAL_HINTS
 
@@ -47,6 +48,14 @@ class LoadedBackend:
     device: str
     hint: str = ""
     """What to install to make it available (empty when available or unknown)."""
+    built: Optional[BuiltState] = None
+    """The process-global numeric settings building it changed (``harness.core.guard.building``):
+    its calls run with them (``state``), the reference and the harness without."""
+
+    @property
+    def state(self) -> tuple:
+        """Settings the backend's calls run with (``guarded``'s ``state``)."""
+        return self.built.chosen if self.built is not None else ()
 
     @property
     def name(self) -> str:
@@ -58,12 +67,20 @@ class LoadedBackend:
         return self.reason + (f"; to enable: {self.hint}" if self.hint else "")
 
     def to_json(self) -> dict:
+        note = self.built.note() if self.built is not None else ""
         return {"spec": self.spec, "name": self.name, "available": self.available, "reason": self.reason, "device": self.device,
-                "formats": sorted(getattr(self.obj, "formats", ()) or ())}
+                "formats": sorted(getattr(self.obj, "formats", ()) or ())} | ({"note": note} if note else {})
 
 
 def load(spec: str) -> LoadedBackend:
-    """Resolve a backend name (``NAMES``) or ``package.module:object`` (see the module docstring)."""
+    """Resolve a backend name (``NAMES``) or ``package.module:object`` (see the module docstring).
+    Process-global numeric settings changed while building it are set back (``LoadedBackend.built``)."""
+    with building() as built:
+        loaded = _load(spec)
+    return replace(loaded, built=built[0])
+
+
+def _load(spec: str) -> LoadedBackend:
     hint = INSTALL_HINTS.get(spec, "")
     if spec in BUILTINS:
         try:

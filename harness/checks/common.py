@@ -98,7 +98,7 @@ def call_backend(ctx: CheckContext, fn: Callable[[], Any]) -> Call:
 
     Writes to the inputs are caught per check, around all of the check's calls (``inputs_unchanged``).
     """
-    call = guarded(fn, ctx.timeout_s)
+    call = guarded(fn, ctx.timeout_s, ctx.backend.state)
     if call.error is not None and is_oom(call.error):
         message = call.message
         forget(call.error)

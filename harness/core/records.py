@@ -11,11 +11,13 @@ from typing import Any, Optional
 
 from moe_fq_parity.reports.schema import CHECKS, VERDICTS
 
-OUTCOMES = ("checked", "oom")
-"""How a check ended: ``checked`` (it ran to its verdict) or ``oom`` (it ran out of memory: no parity
-verdict exists; the record's verdict is ``fail`` so every gate fails the run, and ``message`` names
-the case, its bytes and the memory free)."""
-
+OUTCOMES = ("checked", "oom", "crash", "timeout")
+"""How a check ended: ``checked`` (it ran to its verdict); ``oom`` (it ran out of memory: no parity
+verdict exists; ``message`` names the case, its bytes and the memory free); ``crash`` (the isolation
+worker running it died: exit, signal or a lost CUDA context; ``message`` says how, or names the check
+of the same case and backend that crashed when this one never ran); ``timeout`` (a backend call
+outlived the timeout and its worker was killed).  Every outcome but ``checked`` has verdict ``fail``,
+so every gate fails the run."""
 
 @dataclass(frozen=True)
 class Offender:
@@ -93,7 +95,7 @@ class CheckRecord:
 
     ``counts`` uses the classes of ``harness.core.ulp`` (``exact``, ``ulp1``, ``tie_flip``, ``nan_bits``, ``error``);
     ``offenders`` are the first mismatches in (expert, row, col) order; ``repro`` is a shell command
-    that reruns exactly this case and check.  ``outcome`` is ``checked`` or ``oom`` (see ``OUTCOMES``).
+    that reruns exactly this case and check.  ``outcome``: one of ``OUTCOMES``.
     ``peak_bytes``: CUDA memory the check needed at its peak, counted from before the case's tensors
     were built (``torch.cuda.max_memory_allocated`` during the check minus ``memory_allocated`` before
     the case), so the case's inputs, gradients and reference outputs count; ``None`` off CUDA.
@@ -130,8 +132,9 @@ class CheckRecord:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
-        if self.outcome == "oom" and self.verdict != "fail":
-            raise ValueError(f"an out-of-memory record has verdict 'fail' (the run fails), got {self.verdict!r}")
+        if self.outcome != "checked" and self.verdict != "fail":
+            what = "an out-of-memory" if self.outcome == "oom" else f"a {self.outcome}"
+            raise ValueError(f"{what} record has verdict 'fail' (the run fails), got {self.verdict!r}")
         if self.check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, got {self.check!r}")
 

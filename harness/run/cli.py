@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--no-sections", action="store_true", help="run no extra report sections")
     r.add_argument("--out", type=Path, default=Path("parity-report"), help="output directory (default ./parity-report)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--in-process", action="store_true",
+                   help="run the cases in this process (debugging); default: a supervised worker process that a crashing or hanging backend cannot take down")
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
     r.add_argument("--share-cpus", type=int, default=None, metavar="K",
@@ -215,7 +217,7 @@ def _cmd_run(args) -> int:
         sections=sections,
         baseline=baseline, baseline_path=str(args.baseline or ""), baseline_subset=args.baseline_subset, progress=not args.no_progress,
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
-        nan_bits=args.nan_bits,
+        nan_bits=args.nan_bits, isolate=not args.in_process,
     )
     from moe_fq_parity.harness.core.processes import sharing_cpus
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -26,10 +24,10 @@ from .diff import diff_reports, format_diff
 from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
 from moe_fq_parity.harness.core.meta import run_meta
-from moe_fq_parity.harness.core.records import CheckRecord
+from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 from moe_fq_parity.harness.core.failure_text import failures_summary
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
-from moe_fq_parity.harness.core.guard import Terminated
+from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
 from moe_fq_parity.harness import sections as report_sections
@@ -48,41 +46,40 @@ class OutDirBusy(RuntimeError):
 @contextmanager
 def out_lock(out_dir: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``out_dir/.parity-run.lock`` (created), or raise ``OutDirBusy``
-    naming the holder's pid at once: two runs never write one report.json/report.html pair."""
+    naming the holder's pid at once: two runs never write one report.json/report.html pair.
+
+    The file is removed when the block ends (while still locked), so a finished run leaves only its
+    report behind.  A run that opened the file just before its holder removed it locks a file no
+    longer in the folder: it sees that (the path's inode is not the one it locked) and opens the
+    path again, so two runs never both hold "the" lock."""
     import fcntl
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise OutDirBusy(f"another run (pid {holder}) is writing to {out_dir}; wait for it or choose another --out") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed the file we locked: lock the one in the folder now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
         os.close(fd)  # releases the lock
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """In the main thread, SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) so the run ends with
-    a partial, valid report saying so, as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _term(signum, frame):
-        raise Terminated("terminated (SIGTERM)")
-
-    old = signal.signal(signal.SIGTERM, _term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 MAX_TIMEOUT_S = 365 * 24 * 3600
@@ -138,6 +135,10 @@ class RunConfig:
     selection: tuple[Case, ...] = ()
     nan_bits: str = DEFAULT_NAN_BITS
     """NaN policy of every comparison (``harness.core.equality``)."""
+    isolate: bool = True
+    """Run the cases in a supervised worker process (``harness.run.isolation``): a backend that exits,
+    crashes or hangs gives ``crash``/``timeout`` records and the run goes on; ``False`` (``run
+    --in-process``): in this process, for debugging."""
 
     def __post_init__(self) -> None:
         validate_config(self.checks, self.sections, self.timeout_s, self.nan_bits, self.mode)
@@ -166,10 +167,24 @@ def _input_failure(case: Case, backend: LoadedBackend, seed: int, exc: BaseExcep
                        repro=repro_command(case.id, backend.spec, "forward", seed))
 
 
-def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
-                  curve: Optional[CopyCurve], phases: dict[str, float]) -> list[CheckRecord]:
-    """Every record of ``case`` on the backends of one device; the case's tensors are dropped on return.
-    ``curve``: the run's copy timings (``harness.core.timing.copy_curve``; ``None``: perf is off).
+def check_chunks(checks: Sequence[str]) -> list[tuple[str, ...]]:
+    """``checks`` in the units ``case_chunks`` runs them in: one check each, ``perf`` with ``forward``
+    (it times only a passing forward call, so it needs that verdict)."""
+    chunks: list[tuple[str, ...]] = []
+    for c in CHECKS:
+        if c not in checks or (c == "perf" and "forward" in checks):
+            continue
+        chunks.append(("forward", "perf") if c == "forward" and "perf" in checks else (c,))
+    return chunks
+
+
+def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve],
+                phases: dict[str, float], on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]] = None
+                ) -> Iterator[list[CheckRecord]]:
+    """The records of ``case`` on the backends of one device, one ``check_chunks`` unit of one backend
+    at a time (``on_begin(backend, chunk)`` is called before each); the case's tensors are dropped at
+    the end.  ``cfg``: anything with ``seed``, ``mode``, ``timeout_s`` and ``nan_bits`` (a ``RunConfig``
+    or an isolation worker's settings).  ``curve``: the run's copy timings (``None``: perf is off).
 
     Out of memory while building the inputs or the reference outputs gives ``oom`` records (the
     memory is released first, so the message's "free" is what the next case gets).  ``phases``
@@ -194,20 +209,36 @@ def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBac
         oom_detail = f"{type(exc).__name__}: {exc}"
         forget(exc)
     except Exception as exc:  # noqa: BLE001 - a case that cannot be built fails, the run goes on
-        return [_input_failure(case, b, cfg.seed, exc) for b in group]
+        yield [_input_failure(case, b, cfg.seed, exc) for b in group]
+        return
     if oom_detail is not None:
         release(dev)
-        return [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
-                                "building the case inputs and reference outputs", oom_detail) for b in group]
-    recs: list[CheckRecord] = []
-    t0 = time.perf_counter()
+        yield [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
+                               "building the case inputs and reference outputs", oom_detail) for b in group]
+        return
+    gbps = curve_gbps(curve) if curve else None
     for b in group:
-        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, curve_gbps(curve) if curve else None, mem_base=base,
-                           nan_bits=cfg.nan_bits, copy_curve=curve)  # fmt: skip
-        recs += run_case_checks(ctx, checks, expected)
-    phases["checks"] += time.perf_counter() - t0
-    phases["backend_calls"] += sum(r.duration_s for r in recs)
-    return recs
+        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, gbps, mem_base=base, nan_bits=cfg.nan_bits, copy_curve=curve)
+        for chunk in check_chunks(checks):
+            if on_begin is not None:
+                on_begin(b, chunk)
+            t0 = time.perf_counter()
+            recs = run_case_checks(ctx, chunk, expected)
+            phases["checks"] += time.perf_counter() - t0
+            phases["backend_calls"] += sum(r.duration_s for r in recs)
+            yield recs
+
+
+def in_check_order(recs: Sequence[CheckRecord], group: Sequence[LoadedBackend]) -> list[CheckRecord]:
+    """Records of one case ordered by backend (as in ``group``), then by check (``CHECKS``)."""
+    spec_order = {b.spec: i for i, b in enumerate(group)}
+    return sorted(recs, key=lambda r: (spec_order.get(r.backend, len(spec_order)), CHECKS.index(r.check)))
+
+
+def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
+                  curve: Optional[CopyCurve], phases: dict[str, float]) -> list[CheckRecord]:
+    """Every record of ``case`` on the backends of one device, in this process (``case_chunks``)."""
+    return in_check_order([r for recs in case_chunks(cfg, case, device, group, checks, curve, phases) for r in recs], group)
 
 
 PHASES = ("inputs", "reference", "checks", "backend_calls", "report_writes", "sections", "total")
@@ -223,19 +254,49 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
     failures, na = 0, NotApplicable()
     bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}" + (f" shard {cfg.shard}" if cfg.shard else ""), unit="case",
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
-    for case in bar:
-        by_device: dict[str, list[LoadedBackend]] = {}
-        for b in applicable(runnable, case, checks, na):  # the others: not applicable, counted (harness.checks.plan)
-            by_device.setdefault(b.device or "cpu", []).append(b)
-        writer.report["not_applicable"] = na.to_json()
-        for device, group in by_device.items():
-            recs = _case_records(cfg, case, device, group, checks, curve, phases)
-            failures += sum(r.verdict == "fail" for r in recs)
-            phases["report_writes"] = writer.write_s
-            phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
-            writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items() if k in PHASES}  # so far: a cut-off run still tells
-            writer.add(r.to_json() for r in recs)
-        bar.set_postfix(fail=failures, refresh=False)
+    supervisor = None
+    if cfg.isolate and runnable:
+        from .isolation import NotIsolatable, WorkerSettings, isolatable, supervisor as get_supervisor
+
+        why = isolatable(runnable)
+        if why is None:
+            settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, torch.get_num_threads())
+            supervisor = get_supervisor([b.spec for b in runnable], settings, curve)
+            starts = supervisor.starts
+        else:
+            print(f"note: the cases run in this process ({why})", file=sys.stderr)
+    writer.report["meta"]["isolation"] = "worker" if supervisor is not None else "in-process"
+    finished, notes = False, set()
+    try:
+        for case in bar:
+            by_device: dict[str, list[LoadedBackend]] = {}
+            for b in applicable(runnable, case, checks, na):  # the others: not applicable, counted (harness.checks.plan)
+                by_device.setdefault(b.device or "cpu", []).append(b)
+            writer.report["not_applicable"] = na.to_json()
+            for device, group in by_device.items():
+                recs = None
+                if supervisor is not None:
+                    try:
+                        recs = supervisor.records(case, device, group, checks, phases)
+                    except NotIsolatable as exc:
+                        if exc.args[0] not in notes:
+                            notes.add(exc.args[0])
+                            print(f"note: case {case.id} runs in this process: {exc}", file=sys.stderr)
+                if recs is None:
+                    recs = _case_records(cfg, case, device, group, checks, curve, phases)
+                failures += sum(r.verdict == "fail" for r in recs)
+                phases["report_writes"] = writer.write_s
+                phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
+                writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items() if k in PHASES}  # so far: a cut-off run still tells
+                writer.add(r.to_json() for r in recs)
+            bar.set_postfix(fail=failures, refresh=False)
+        finished = True
+    finally:
+        if supervisor is not None:
+            from .isolation import done_with
+
+            writer.report["meta"]["workers_started"] = supervisor.starts - starts
+            done_with(supervisor, keep=finished)
     bar.close()
 
 
@@ -248,7 +309,7 @@ def run(cfg: RunConfig) -> int:
     from moe_fq_parity.reports import html  # noqa: F401
 
     try:
-        with out_lock(cfg.out_dir), sigterm_as_interrupt():
+        with out_lock(cfg.out_dir), run_signals():
             return _run_locked(cfg)
     except OutDirBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -329,14 +390,17 @@ def _exit_code(cfg: RunConfig, writer: ReportWriter) -> int:
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {writer.json_path} and {writer.html_path}")
     if summary_line(report):
         print(summary_line(report))
-    oom = [r for r in report["records"] if r.get("outcome") == "oom"]
-    if oom:
-        print(f"{len(oom)} checks ran out of memory (no parity verdict; the run fails):", file=sys.stderr)
-        for r in oom[:20]:
-            print(f"  {r['check']} on {r['backend']}: {r['message']}", file=sys.stderr)
+    for outcome, what in (("oom", "ran out of memory"), ("crash", "crashed their worker process"), ("timeout", "timed out (worker killed)")):
+        hit = [r for r in report["records"] if r.get("outcome") == outcome]
+        if hit:
+            print(f"{len(hit)} checks {what} (no parity verdict; the run fails):", file=sys.stderr)
+            for r in hit[:20]:
+                print(f"  {r['check']} on {r['backend']}, case {r['case_id']}: {r['message']}\n    repro: {r['repro']}", file=sys.stderr)
     for b in cfg.backends:
         if not b.available:
             print(f"backend {b.spec} skipped: {b.why_not}")
+        elif b.built is not None and b.built.changes:
+            print(f"backend {b.spec}: {b.built.note()}", file=sys.stderr)
     verdict = overall_verdict(report)
     if verdict == "fail":
         return EXIT_FAIL

@@ -1,10 +1,15 @@
 """Hostile backends for the run-lifecycle tests (loaded as ``tests.harness.hostile_backends:NAME``).
 
-Each meets the contract on paper and misbehaves in one way a real backend could.
+Each meets the contract on paper and misbehaves in one way a real backend could.  Those that change
+process-global state or end the process are classes, built only when a run loads them (``--backend
+tests.harness.hostile_backends:FlushesDenormals``), never when this module is imported.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import time
 
 import torch
@@ -96,6 +101,99 @@ class BogusDevice(_Reference):
     name = "bogus-device"
     device = "warp-drive:7"
 
+
+class FlushesDenormals(_Reference):
+    """Sets ``torch.set_flush_denormal(True)`` when built (as a fast-math library may on load), then
+    computes the reference's formula in that state: outputs differ from a clean reference on denormals."""
+
+    name = "flushes-denormals"
+
+    def __init__(self) -> None:
+        torch.set_flush_denormal(True)
+
+
+class SetsDefaultDtype(_Reference):
+    """Right outputs; each call leaves ``torch.set_default_dtype(torch.float64)`` behind."""
+
+    name = "sets-default-dtype"
+
+    def fake_quant(self, weights, amax, fmt, variant=None, **options):
+        out = super().fake_quant(weights, amax, fmt, variant, **options)
+        torch.set_default_dtype(torch.float64)
+        return out
+
+
+class _MisbehavesOnInt4(_Reference):
+    """Correct, except that every INT4 call runs ``misbehave()`` first (other formats show the run going on)."""
+
+    def fake_quant(self, weights, amax, fmt, variant=None, **options):
+        if fmt == "int4":
+            self.misbehave()
+        return super().fake_quant(weights, amax, fmt, variant, **options)
+
+    def misbehave(self) -> None:
+        raise NotImplementedError
+
+
+class ExitsZero(_MisbehavesOnInt4):
+    """``os._exit(0)``: the process ends, "successfully", mid-run."""
+
+    name = "exits-zero"
+
+    def misbehave(self) -> None:
+        os._exit(0)
+
+
+class Segfaults(_MisbehavesOnInt4):
+    """Reads address 0 (``ctypes.string_at(0)``: SIGSEGV)."""
+
+    name = "segfaults"
+
+    def misbehave(self) -> None:
+        ctypes.string_at(0)
+
+
+class HangsUninterruptibly(_MisbehavesOnInt4):
+    """Disarms SIGALRM and loops forever, swallowing even ``BaseException``."""
+
+    name = "hangs-uninterruptibly"
+
+    def misbehave(self) -> None:
+        while True:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                time.sleep(0.05)
+            except BaseException:  # noqa: BLE001 - the point of this backend
+                continue
+
+
+class RaisesKeyboardInterrupt(_MisbehavesOnInt4):
+    """Raises ``KeyboardInterrupt`` itself (no one pressed Ctrl-C)."""
+
+    name = "raises-keyboard-interrupt"
+
+    def misbehave(self) -> None:
+        raise KeyboardInterrupt("from the backend")
+
+
+class IllegalCudaAccess(_MisbehavesOnInt4):
+    """On a GPU: a Triton kernel stores 2**40 bytes past its tensor (an illegal memory access, which
+    poisons the process's CUDA context for every later call)."""
+
+    name = "illegal-cuda-access"
+    device = "cuda"
+
+    def misbehave(self) -> None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _poke(ptr):
+            tl.store(ptr + (1 << 40), 1.0)
+
+        target = torch.zeros(1, device="cuda")
+        _poke[(1,)](target)
+        torch.cuda.synchronize()
 
 declares_then_declines = DeclaresThenDeclines()
 writes_into_weights = WritesIntoWeights()

@@ -112,7 +112,8 @@ def test_forward_traces_only_the_experts_that_mismatch(monkeypatch):
 
 def _cli(tmp_path, name: str, *args: str) -> tuple[int, dict]:
     out = tmp_path / name
-    rc = main(["run", "--no-progress", "--no-sections", "--out", str(out), *args])
+    # in process: the tests look at this process's backend buffers and patch its input building
+    rc = main(["run", "--no-progress", "--no-sections", "--in-process", "--out", str(out), *args])
     return rc, json.loads((out / "report.json").read_text())
 
 
@@ -179,7 +180,7 @@ def test_a_record_cannot_be_an_oom_pass():
     with pytest.raises(ValueError, match="out-of-memory record has verdict 'fail'"):
         CheckRecord(case_id="x", backend="b", check="forward", verdict="pass", fmt="int8", n=1, numel=1, outcome="oom")
     with pytest.raises(ValueError, match="outcome must be one of"):
-        CheckRecord(case_id="x", backend="b", check="forward", verdict="fail", fmt="int8", n=1, numel=1, outcome="crash")
+        CheckRecord(case_id="x", backend="b", check="forward", verdict="fail", fmt="int8", n=1, numel=1, outcome="exploded")
 
 
 def _item(case):

@@ -24,7 +24,7 @@ import torch
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS
 from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.harness.run.diff import diff_reports
-from moe_fq_parity.harness.run.runner import OutDirBusy, out_lock
+from moe_fq_parity.harness.run.runner import LOCK_NAME, OutDirBusy, out_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "tests.harness.hostile_backends"
@@ -149,6 +149,31 @@ def test_second_writer_is_refused(tmp_path, capsys):
         assert not (out / "report.json").exists()
     rc, report = _run(out, "--case", INT8, "--backend", "reference")  # released: the next run writes
     assert rc == 0 and report["complete"]
+    assert not (out / LOCK_NAME).exists(), "the lock file outlived the run"
+
+
+def test_lock_is_removed_and_a_stale_open_file_is_not_a_lock(tmp_path, monkeypatch):
+    """The lock file goes with its run; a run that opened the file just before its holder removed it
+    locks the file in the folder, not the removed one (else two runs would both hold a lock)."""
+    out = tmp_path / "o"
+    with out_lock(out):
+        stale = os.open(out / LOCK_NAME, os.O_RDWR)  # opened while held, locked after the holder is gone
+    assert not (out / LOCK_NAME).exists()
+    real_open = os.open
+    opened = []
+
+    def racing_open(path, *args, **kwargs):
+        opened.append(path)
+        return os.dup(stale) if len(opened) == 1 else real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", racing_open)
+    with out_lock(out):
+        monkeypatch.setattr(os, "open", real_open)
+        assert (out / LOCK_NAME).exists() and len(opened) == 2
+        with pytest.raises(OutDirBusy):
+            with out_lock(out):
+                pass
+    os.close(stale)
 
 
 # --- 5: SIGTERM ----------------------------------------------------------------------------------
