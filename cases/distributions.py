@@ -28,6 +28,8 @@ some also return the amax they were built for (``design`` amax policy):
 * ``nan``      -- NVFP4 only: NaN inputs, which the spec rejects (``ValueError``).
 * ``zeros``    -- all ±0 (calibrated amax = 0).
 * ``arange``   -- deterministic index-dependent values (expert, row, column) for indexing bugs.
+* ``tile_edges``, ``tile_specials`` -- one designed pattern per scale tile of the formats with
+  scales per tile (``cases.tile_data``).
 """
 
 from __future__ import annotations
@@ -377,3 +379,9 @@ def generate(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
     if _nonnegative(case):
         out = Generated([torch.where(v < 0, -v, v) for v in out.values], out.design_amax)
     return out
+
+# The tile patterns of the formats with scales per tile live in their own module, which imports the
+# helpers above (so it is imported here, after them).
+from .tile_data import TILE_DISTRIBUTIONS  # noqa: E402
+
+DISTRIBUTIONS.update(TILE_DISTRIBUTIONS)

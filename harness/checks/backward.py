@@ -46,7 +46,7 @@ def check_backward(ctx: CheckContext, mode: str):
         w, a, ref, got = inputs.weights[e], per[e], want(e), call.value[e]
         comp = bitwise(ref, got, ctx.nan_bits)
         if comp.numel != comp.counts["exact"] and len(offenders) < MAX_OFFENDERS:
-            amax_full = a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
+            amax_full = None if a is None else a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
             offenders.extend(expert_offenders(e, comp, w, ref, got, amax_full, MAX_OFFENDERS - len(offenders)))
         return comp
 

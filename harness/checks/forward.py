@@ -55,8 +55,8 @@ def expected_forward(inputs) -> Expected:
         outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
-    if inputs.amax.device.type == "cuda":
-        torch.cuda.synchronize(inputs.amax.device)
+    if inputs.device.type == "cuda":
+        torch.cuda.synchronize(inputs.device)
     return Expected(outputs, None, (time.perf_counter() - start) * 1e6)
 
 
