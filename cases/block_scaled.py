@@ -1,4 +1,4 @@
-"""Suite entries of the formats whose scales come from the data per tile (``FormatSpec.tiles``).
+"""Suite entries (``Case`` fields) of the formats whose scales come from the data per tile (``FormatSpec.tiles``).
 
 Which formats: those that take no amax (``FormatSpec.takes_amax`` is false: MX, FP8 block-wise; their
 cases have granularity ``from_data`` and amax policy ``none``) and the amax-taking formats with an
@@ -19,13 +19,14 @@ several tiles in each expert and end in a partial tile in both dims (MX and 2D t
 from __future__ import annotations
 
 from itertools import product
-from typing import Callable
+from typing import Any, Callable
+
+Entry = dict[str, Any]
+"""The fields of one ``Case``; ``cases.catalogue`` validates and builds them."""
 
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
-from .case import Case
 from .distributions import DISTRIBUTIONS
-from .rules import make_case
 from .shapes import NEMOTRON, NEMOTRON_EXPERTS, N_VALUES, ODD_SHAPES, ULTRA_PRODUCTION
 
 
@@ -38,12 +39,18 @@ def _has_2d(fmt: str) -> bool:
     return format_spec(fmt).option("tile_2d") is not None
 
 
-def _shape(fmt: str) -> tuple[int, int]:
-    """One square tile plus a partial one down the rows, two tiles plus a partial one along
-    in-features (``[131, 261]`` for 128-tiles, ``[35, 69]`` for 32-tiles)."""
-    r = format_spec(fmt).tiles.tile({"tile_2d": True})[0] if _has_2d(fmt) else 1  # type: ignore[union-attr]
-    c = format_spec(fmt).tiles.size  # type: ignore[union-attr]
-    return (r + 3 if r > 1 else 8), 2 * c + 5
+def _shape(fmt: str, opts: tuple) -> tuple[int, int]:
+    """One full tile and partial ones in both dims for square tiles (``[r + 3, c + 5]``: ``[131, 133]``
+    for 128x128, ``[35, 37]`` for 32x32); two blocks and a partial one in 8 rows for ``1 x c`` blocks."""
+    r, c = format_spec(fmt).tiles.tile(dict(opts))  # type: ignore[union-attr]
+    return (r + 3, c + 5) if r > 1 else (8, 2 * c + 5)
+
+
+def _n(fmt: str, opts: tuple, n: int) -> int:
+    """``n`` experts, a quarter (at least 1) for tiles of more than 4096 elements (128x128: the CI's
+    element budget; the nightly suite sweeps N)."""
+    r, c = format_spec(fmt).tiles.tile(dict(opts))  # type: ignore[union-attr]
+    return n if r * c <= 4096 else max(1, n // 4)
 
 
 def _base(fmt: str) -> dict:
@@ -59,55 +66,51 @@ def _layouts(fmt: str, variant: str) -> list[tuple[tuple[str, object], ...]]:
     return out + ([(("tile_2d", True),)] if two_d else [])
 
 
-def _make(fmt: str, variant: str, opts: tuple, **kw) -> list[Case]:
-    from .catalogue import CatalogueError
-
+def _make(fmt: str, variant: str, opts: tuple, **kw) -> list[Entry]:
+    """One entry (the fields of a ``Case``), none where the distribution does not apply to ``fmt``."""
     fields = {**_base(fmt), "fmt": fmt, "variant": variant, "options": opts, **kw}
     if fields["dist"] in DISTRIBUTIONS and not DISTRIBUTIONS[fields["dist"]].applies_to(fmt):
         return []
-    try:
-        return [make_case(**fields)]
-    except ValueError as exc:
-        raise CatalogueError(f"the block-scaled catalogue built an invalid case from {fields}: {exc}") from exc
+    return [fields]
 
 
-def smoke() -> list[Case]:
-    out: list[Case] = []
+def smoke() -> list[Entry]:
+    out: list[Entry] = []
     for fmt in tiled_formats():
         v = variants(fmt)[0]
         for opts in _layouts(fmt, v):
-            out += _make(fmt, v, opts, layout="stacked", n=4, shape=_shape(fmt), dist="tile_edges")
+            out += _make(fmt, v, opts, layout="stacked", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist="tile_edges")
     return out
 
 
 _CI_DEFAULT = ("normal", "outliers", "zeros", "arange", "special", "spread")
 
 
-def ci() -> list[Case]:
+def ci() -> list[Entry]:
     out = smoke()
     for fmt in tiled_formats():
-        shape = _shape(fmt)
         default = variants(fmt)[0]
         for var in variants(fmt):
             for opts, dist in product(_layouts(fmt, var), ("tile_edges", "tile_specials")):
-                out += _make(fmt, var, opts, layout="stacked", n=4, shape=shape, dist=dist)
+                out += _make(fmt, var, opts, layout="stacked", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist=dist)
         for opts in _layouts(fmt, default):
+            shape = _shape(fmt, opts)
             for dist in _CI_DEFAULT:
-                out += _make(fmt, default, opts, layout="stacked", n=8, shape=shape, dist=dist)
-            out += _make(fmt, default, opts, layout="list", n=8, shape=shape, empty=1, dist="tile_specials")
-            out += _make(fmt, default, opts, layout="ragged", n=16, shape=shape, empty=2, dist="tile_edges")
-            for dtype in ("fp16", "fp32"):
-                for dist in ("tile_edges", "tile_specials"):
-                    out += _make(fmt, default, opts, layout="list", n=4, shape=shape, dtype=dtype, dist=dist)
+                out += _make(fmt, default, opts, layout="stacked", n=_n(fmt, opts, 8), shape=shape, dist=dist)
+            out += _make(fmt, default, opts, layout="list", n=_n(fmt, opts, 8), shape=shape, empty=1, dist="tile_specials")
+            out += _make(fmt, default, opts, layout="ragged", n=_n(fmt, opts, 16), shape=shape, empty=2, dist="tile_edges")
+            for dtype, dist in product(("fp16", "fp32"), ("tile_edges", "tile_specials")):
+                out += _make(fmt, default, opts, layout="list", n=_n(fmt, opts, 4), shape=shape, dtype=dtype, dist=dist)
         for o in format_spec(fmt).options:
             if o.type is bool and o.name != "tile_2d" and o.code is not None:
                 for var in sorted(o.variants or variants(fmt)):
                     for opts, dist in product(_layouts(fmt, var), ("tile_edges", "tile_specials")):
-                        out += _make(fmt, var, tuple(sorted(opts + ((o.name, True),))), layout="stacked", n=4, shape=shape, dist=dist)
+                        both = tuple(sorted(opts + ((o.name, True),)))
+                        out += _make(fmt, var, both, layout="stacked", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist=dist)
     return out
 
 
-def nightly() -> list[Case]:
+def nightly() -> list[Entry]:
     out = ci()
     for fmt in tiled_formats():
         default = variants(fmt)[0]
@@ -123,8 +126,8 @@ def nightly() -> list[Case]:
     return out + ultra()
 
 
-def ultra() -> list[Case]:
-    out: list[Case] = []
+def ultra() -> list[Entry]:
+    out: list[Entry] = []
     n, shape = ULTRA_PRODUCTION
     for fmt in tiled_formats():
         default = variants(fmt)[0]
@@ -135,5 +138,5 @@ def ultra() -> list[Case]:
     return out
 
 
-SUITE_HOOKS: dict[str, Callable[[], list[Case]]] = {"smoke": smoke, "ci": ci, "nightly": nightly, "ultra": ultra}
-"""Suite name -> this module's cases for it (``cases.catalogue`` appends them)."""
+SUITE_HOOKS: dict[str, Callable[[], list[Entry]]] = {"smoke": smoke, "ci": ci, "nightly": nightly, "ultra": ultra}
+"""Suite name -> this module's entries for it (``cases.catalogue`` builds and appends them)."""

@@ -74,6 +74,11 @@ def _entry(**kw) -> list[Case]:
         raise CatalogueError(f"the catalogue built an invalid case from {kw}: {exc}") from exc
 
 
+def _block_scaled(name: str) -> list[Case]:
+    """``cases.block_scaled``'s entries for suite ``name``, validated like every entry."""
+    return [c for kw in block_scaled.SUITE_HOOKS[name]() for c in _entry(**kw)]
+
+
 def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
     seen: dict[str, Case] = {}
     for c in cases:
@@ -89,7 +94,7 @@ def smoke() -> tuple[Case, ...]:
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
     out += _entry(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
-    return _unique(out + block_scaled.smoke())
+    return _unique(out + _block_scaled("smoke"))
 
 
 _CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
@@ -125,7 +130,7 @@ def ci() -> tuple[Case, ...]:
             out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
     for fmt in _taking("block_size"):
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
-    return _unique(out + block_scaled.ci())
+    return _unique(out + _block_scaled("ci"))
 
 
 def _nemotron_cases() -> list[Case]:
@@ -149,7 +154,7 @@ def ultra() -> tuple[Case, ...]:
     n_routed = NEMOTRON_EXPERTS["ultra"] // 32
     for (_, s), fmt in product(NEMOTRON["ultra"].items(), _amax_formats()):
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n_routed, shape=s, dist="outliers")
-    return _unique(out + block_scaled.ultra())
+    return _unique(out + _block_scaled("ultra"))
 
 
 def nightly() -> tuple[Case, ...]:
@@ -165,7 +170,7 @@ def nightly() -> tuple[Case, ...]:
         out += _entry(fmt=fmt, variant=var, granularity="per_expert", layout="ragged", n=64, shape=(256, 200), empty=5, dist="outliers")
     out += _nemotron_cases()
     out += ultra()
-    return _unique(out + block_scaled.nightly())
+    return _unique(out + _block_scaled("nightly"))
 
 
 class Suite(str, Enum):

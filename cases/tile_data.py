@@ -1,5 +1,6 @@
-"""Distributions for formats whose scales come from the data per tile (``FormatSpec.tiles``: MX, FP8
-block-wise, NVFP4 with ``tile_2d``): every tile of every expert gets one designed pattern.
+"""Value patterns for formats whose scales come from the data per tile (``FormatSpec.tiles``: MX, FP8
+block-wise, NVFP4 with ``tile_2d``): every tile of every expert gets one designed pattern (registered as distributions by
+``cases.distributions``).
 
 The tile (``1 x 32``, ``32 x 32``, ``1 x 128``, ``128 x 128``, ``1 x 16``, ``16 x 16``) is the registry's
 (``FormatSpec.tiles.tile(case options)``), so a pattern covers exactly one scale.  Values are exact
@@ -27,7 +28,8 @@ import torch
 from moe_fq_parity.reference.formats import FormatSpec, format_spec
 
 from .case import Case
-from .distributions import TORCH_DTYPES, Distribution, Generated, Shapes
+
+Shapes = list[tuple[int, int]]
 
 BOUNDARY_MANTISSAS = (1.0, 1.5, 1.75, 1.9375)
 """Tile-amax mantissas on the scale boundaries of the tiled formats' variants (module docstring)."""
@@ -37,8 +39,14 @@ SPECIAL_TILES = ("zeros", "inf", "nan", "tiny127", "tiny130", "te_code0", "te_co
 """The ``tile_specials`` patterns, in the order tiles cycle through them."""
 
 
-def _tiled(spec: FormatSpec) -> bool:
+def tiled(spec: FormatSpec) -> bool:
+    """The format has scales per tile (``FormatSpec.tiles``)."""
     return spec.tiles is not None
+
+
+def tiled_with_nan(spec: FormatSpec) -> bool:
+    """Scales per tile and NaN input allowed (``tile_specials`` writes NaN)."""
+    return tiled(spec) and not spec.rejects_nan
 
 
 def _tile_index(case: Case, o: int, k: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
@@ -59,9 +67,8 @@ def _ulp_step(a: torch.Tensor, dtype: torch.dtype, steps: torch.Tensor) -> torch
     return torch.where(steps > 0, up, torch.where(steps < 0, down, d)).to(torch.float32)
 
 
-def _fill(case: Case, gen: torch.Generator, o: int, k: int, amax_per_tile: torch.Tensor, e: int) -> torch.Tensor:
+def _fill(case: Case, gen: torch.Generator, o: int, k: int, amax_per_tile: torch.Tensor, e: int, dtype: torch.dtype) -> torch.Tensor:
     """Elements ``u * A`` of their tile, the tile's first element ``±A``, rounded to the dtype."""
-    dtype = TORCH_DTYPES[case.dtype]
     tid, first, _ = _tile_index(case, o, k)
     a = amax_per_tile[tid]
     u = torch.rand((o, k), generator=gen) * 2 - 1
@@ -73,15 +80,15 @@ def _fill(case: Case, gen: torch.Generator, o: int, k: int, amax_per_tile: torch
     return torch.where(first, sign * a, x)
 
 
-def _exponents(case: Case) -> tuple[int, int]:
+def _exponents(dtype: torch.dtype) -> tuple[int, int]:
     """Tile-amax exponents that keep every boundary amax and its neighbours normal and finite in the dtype."""
-    fi = torch.finfo(TORCH_DTYPES[case.dtype])
+    fi = torch.finfo(dtype)
     return max(math.frexp(fi.tiny)[1] + 4, -40), min(math.frexp(fi.max)[1] - 2, 40)
 
 
-def _tile_edges(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
-    dtype = TORCH_DTYPES[case.dtype]
-    lo, hi = _exponents(case)
+def tile_edges(case: Case, gen: torch.Generator, shapes: Shapes, dtype: torch.dtype) -> list[torch.Tensor]:
+    """fp32 values of ``tile_edges`` (module docstring), exact in ``dtype``."""
+    lo, hi = _exponents(dtype)
     values = []
     for e, (o, k) in enumerate(shapes):
         tid, _, _ = _tile_index(case, o, k)
@@ -91,12 +98,11 @@ def _tile_edges(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
         steps = ((t // len(BOUNDARY_MANTISSAS) + e) % 3) - 1
         kexp = torch.randint(lo, hi + 1, (n_tiles,), generator=gen)
         a = _ulp_step(m * torch.pow(2.0, kexp.to(torch.float32)), dtype, steps)
-        values.append(_fill(case, gen, o, k, a, e) if n_tiles else torch.zeros((o, k)))
-    return Generated(values)
+        values.append(_fill(case, gen, o, k, a, e, dtype) if n_tiles else torch.zeros((o, k)))
+    return values
 
 
-def _special_amax(case: Case) -> dict[str, float]:
-    dtype = TORCH_DTYPES[case.dtype]
+def _special_amax(dtype: torch.dtype) -> dict[str, float]:
     fi = torch.finfo(dtype)
     one = lambda v, s: float(_ulp_step(torch.tensor(v), dtype, torch.tensor(s)))  # noqa: E731
     te0 = 448.0 * 2.0**-127
@@ -104,10 +110,10 @@ def _special_amax(case: Case) -> dict[str, float]:
             "dtype_max": fi.max, "floor1e-4": 1e-4, "floor1e-4_up": one(1e-4, 1), "floor1e-4_down": one(1e-4, -1), "random": 1.0}
 
 
-def _tile_specials(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
-    dtype = TORCH_DTYPES[case.dtype]
+def tile_specials(case: Case, gen: torch.Generator, shapes: Shapes, dtype: torch.dtype) -> list[torch.Tensor]:
+    """fp32 values of ``tile_specials`` (module docstring), exact in ``dtype``."""
     fi = torch.finfo(dtype)
-    amaxes = _special_amax(case)
+    amaxes = _special_amax(dtype)
     rejects_nan = format_spec(case.fmt).rejects_nan
     int_dtype = torch.int32 if dtype == torch.float32 else torch.int16
     values = []
@@ -116,7 +122,7 @@ def _tile_specials(case: Case, gen: torch.Generator, shapes: Shapes) -> Generate
         n_tiles = int(tid.max()) + 1 if tid.numel() else 0
         kinds = [SPECIAL_TILES[(t + e) % len(SPECIAL_TILES)] for t in range(n_tiles)]
         a = torch.tensor([amaxes.get(kind, 1.0) for kind in kinds] or [0.0]).to(dtype).to(torch.float32)
-        x = _fill(case, gen, o, k, a, e) if n_tiles else torch.zeros((o, k))
+        x = _fill(case, gen, o, k, a, e, dtype) if n_tiles else torch.zeros((o, k))
         kind_of = torch.tensor([SPECIAL_TILES.index(kind) for kind in kinds] or [0])[tid] if n_tiles else torch.zeros((o, k), dtype=torch.long)
         is_kind = lambda name: kind_of == SPECIAL_TILES.index(name)  # noqa: E731
         signed_zero = torch.where(torch.rand((o, k), generator=gen) < 0.5, 0.0, -0.0)
@@ -127,11 +133,4 @@ def _tile_specials(case: Case, gen: torch.Generator, shapes: Shapes) -> Generate
         sub = torch.where(torch.rand((o, k), generator=gen) < 0.5, sub, -sub)
         x = torch.where(is_kind("subnormal"), sub, x)
         values.append(x.to(dtype).to(torch.float32) if fi.bits < 32 else x)
-    return Generated(values)
-
-
-TILE_DISTRIBUTIONS: dict[str, Distribution] = {
-    "tile_edges": Distribution(_tile_edges, applies=_tiled),
-    "tile_specials": Distribution(_tile_specials, applies=lambda spec: _tiled(spec) and not spec.rejects_nan),
-}
-"""Registered into ``cases.distributions.DISTRIBUTIONS``."""
+    return values
