@@ -107,6 +107,7 @@ def ci() -> list[Entry]:
                     for opts, dist in product(_layouts(fmt, var), ("tile_edges", "tile_specials")):
                         both = tuple(sorted(opts + ((o.name, True),)))
                         out += _make(fmt, var, both, layout="stacked", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist=dist)
+                        out += _make(fmt, var, both, layout="list", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist=dist, dtype="fp32")
     return out
 
 
