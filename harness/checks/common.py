@@ -128,6 +128,14 @@ def inputs_unchanged(ctx: CheckContext, fn: Callable[[], CheckRecord]) -> CheckR
     return rec
 
 
+def undeclared_reason(be: object, fmt: str) -> str:
+    """The skip reason for a format the backend does not list in ``formats``: its own
+    ``format_available(fmt)`` reason where it has one (the Triton kernel says why it declines)."""
+    probe = getattr(be, "format_available", None)
+    why = probe(fmt)[1] if callable(probe) else ""
+    return why or f"backend formats {sorted(be.formats)} do not include {fmt}"  # type: ignore[attr-defined]
+
+
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
     """A skip reason when the backend declined, else ``None``.
 
