@@ -396,6 +396,21 @@ def unregister_format(fmt: str) -> None:
     del _REGISTRY[fmt]
 
 
+def describe(fmt: str) -> str:
+    """One line about ``fmt`` for listings (``moe-fq-parity list``): variants (default first), the amax
+    it takes, its scale tiles and its options."""
+    spec = format_spec(fmt)
+    amax = ("none (amax=None: scales from the data)" if not spec.takes_amax
+            else "/".join(g for g in GRANULARITIES if g in spec.amax_granularities) + (" global" if spec.block is not None else ""))
+    parts = [f"variants {', '.join(spec.variant_names)}", f"amax {amax}"]
+    if spec.tiles is not None:
+        t2 = spec.tiles.tile({"tile_2d": True}) if spec.option("tile_2d") is not None else None
+        parts.append(f"{spec.tiles.scale} scale per 1x{spec.tiles.size}" + (f" or {t2[0]}x{t2[1]} (tile_2d)" if t2 else ""))
+    if spec.options:
+        parts.append("options " + ", ".join(o.name + (f" [{'/'.join(sorted(o.variants))}]" if o.variants else "") for o in spec.options))
+    return f"{fmt}: {spec.doc}; " + "; ".join(parts)
+
+
 def case_options() -> dict[str, Option]:
     """Every option a case id can carry (those with a ``code``), over the registered formats."""
     return {o.name: o for spec in _REGISTRY.values() for o in spec.options if o.code is not None}
