@@ -140,7 +140,7 @@ class Mutant:
 
     def ste_backward(self, weights, amax, grads, fmt, mode, **options) -> list[Tensor]:
         if self.backward is None:
-            return R.ste_backward_experts(weights, amax, grads, mode)
+            return R.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
         return self.backward(self, list(weights), amax, list(grads), fmt, mode)
 
 
@@ -218,7 +218,7 @@ def _clipped_lt(self, weights, amax, grads, fmt, mode):
 
 
 def _drop_last_grad(self, weights, amax, grads, fmt, mode):
-    out = R.ste_backward_experts(weights, amax, grads, mode)
+    out = R.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
     if out and mode == "pass_through":
         out[-1] = torch.zeros_like(out[-1])
     return out
