@@ -83,7 +83,8 @@ def smoke() -> list[Entry]:
     return out
 
 
-_CI_DEFAULT = ("normal", "outliers", "zeros", "arange", "special", "spread")
+_CI_DEFAULT = ("normal", "outliers", "zeros", "arange", "special", "spread", "nan")
+"""``nan`` applies to the formats that reject NaN input (INT4 group-wise, NVFP4): the check is the rejection."""
 
 
 def ci() -> list[Entry]:
