@@ -51,11 +51,11 @@ def fake_quant(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant:
     """Fake-quantize ``x`` (``[..., out, in]``) to ``fmt`` with ``amax``; output dtype = ``x.dtype``.
 
     * ``fmt``: a registered format (``reference.FORMATS``: ``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``,
-      ``mxfp8``, ``mxfp4``, ``fp8_block``).
+      ``mxfp8``, ``mxfp4``, ``fp8_block``, ``int4_group``).
     * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``, where
       the format takes it (``FormatSpec.amax_granularities``; NVFP4: per tensor or per expert);
       ``None`` for a format whose scales come from the data (granularity ``from_data``: MX, FP8
-      block-wise), and only for those.
+      block-wise, INT4 group-wise), and only for those.
     * ``variant``: ``None``/``"default"`` or a name from ``variants(fmt)``.
     * ``options``: the format's options (``FormatSpec.options``: INT ``unsigned``, ``narrow_range``;
       NVFP4 ``block_size``, and ``block_amax`` for ``modelopt_static``), type-checked.

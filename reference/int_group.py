@@ -4,8 +4,8 @@ own amax (Model-Optimizer ``int4_per_block``: ``block_sizes={-1: 128}`` with max
 Numeric contract
 ================
 * Input ``x``: bf16 (primary), fp16 or fp32 ``[..., out, in]``; NaN or ±inf input raises
-  ``ValueError`` (a non-finite block amax has no INT scale; Model-Optimizer's handling of NaN is
-  tensor-wide, see ``docs``: not modeled).
+  ``ValueError``: a non-finite block amax has no INT scale (Model-Optimizer's handling of a NaN is
+  tensor-wide, not per block, and is not modeled).
 * No amax (``amax=None``, granularity ``from_data``): block amax ``A = max |x|`` over 128
   consecutive elements along in-features; a partial block is zero-padded (a short block).
 * Each block is then fake-quantized by ``reference.int_quant`` with ``num_bits = 4`` (grid -8..7,
