@@ -37,9 +37,10 @@ def expert_chunks(n: int, expert_numel: int, chunk_elements: int) -> Iterator[tu
         yield start, min(n, start + per)
 
 
-def _amax_rows(amax: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """The amax of experts ``start:stop`` (a per-tensor scalar amax applies to every expert)."""
-    return amax if amax.dim() == 0 else amax[start:stop]
+def _amax_rows(amax: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    """The amax of experts ``start:stop`` (a per-tensor scalar amax applies to every expert; ``None``,
+    a format without amax, to every expert too)."""
+    return amax if amax is None or amax.dim() == 0 else amax[start:stop]
 
 
 class ReferenceBackend:
@@ -63,7 +64,7 @@ class ReferenceBackend:
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> list[torch.Tensor]:
         if _stackable(weights) and "block_amax" not in options:
-            reference.split_expert_amax(weights, amax)
+            reference.split_expert_amax(weights, amax, fmt=fmt)
             out: list[torch.Tensor] = []
             for start, stop in expert_chunks(len(weights), weights[0].numel(), self.chunk_elements):
                 chunk = torch.stack(list(weights[start:stop]))
@@ -77,8 +78,8 @@ class ReferenceBackend:
 
         ``block_amax`` (NVFP4 static blocks) is passed to a single call over the whole stack.
         """
-        whole = (weight.dim() != 3 or weight.shape[0] == 0 or "block_amax" in options or not isinstance(amax, torch.Tensor)
-                 or (amax.dim() > 0 and amax.shape[0] != weight.shape[0]))
+        whole = (weight.dim() != 3 or weight.shape[0] == 0 or "block_amax" in options
+                 or (amax is not None and (not isinstance(amax, torch.Tensor) or (amax.dim() > 0 and amax.shape[0] != weight.shape[0]))))
         if whole:  # one call: the reference's own checks (and errors) for shapes it does not chunk
             return reference.fake_quant(weight, amax, fmt, variant, **options)
         chunks = list(expert_chunks(weight.shape[0], weight[0].numel(), self.chunk_elements))
@@ -91,4 +92,4 @@ class ReferenceBackend:
 
     def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[torch.Tensor]:
         """STE does not depend on the format's options; they are accepted and not used (per expert)."""
-        return reference.ste_backward_experts(weights, amax, grads, mode)
+        return reference.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)

@@ -22,7 +22,7 @@ from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of,
-    record, reference_options, summarize,
+    record, reference_options, summarize, undeclared_reason,
 )
 
 CHECK = "forward"
@@ -51,12 +51,12 @@ def expected_forward(inputs) -> Expected:
     case = inputs.case
     start = time.perf_counter()
     try:
-        per = split_expert_amax(inputs.weights, inputs.amax)
+        per = split_expert_amax(inputs.weights, inputs.amax, fmt=case.fmt)
         outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
-    if inputs.amax.device.type == "cuda":
-        torch.cuda.synchronize(inputs.amax.device)
+    if inputs.device.type == "cuda":
+        torch.cuda.synchronize(inputs.device)
     return Expected(outputs, None, (time.perf_counter() - start) * 1e6)
 
 
@@ -64,7 +64,7 @@ def trace_expert(inputs, e: int, amax: Optional[torch.Tensor] = None) -> FakeQua
     """The reference's traced result (output and fp32 pre-rounding values) of expert ``e``
     (``amax``: the amax of all experts to use instead of the case's, as after recalibration)."""
     case = inputs.case
-    amax = split_expert_amax(inputs.weights, inputs.amax if amax is None else amax)[e]
+    amax = split_expert_amax(inputs.weights, inputs.amax if amax is None else amax, fmt=case.fmt)[e]
     return reference.fake_quant_traced(inputs.weights[e], amax, case.fmt, case.variant, **reference_options(case))
 
 
@@ -90,7 +90,7 @@ def check_forward(ctx: CheckContext, expected: Expected):
     """Compare ``backend.fake_quant`` with ``expected``; returns a ``CheckRecord``."""
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, CHECK, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
+        return record(ctx, CHECK, "skip", undeclared_reason(be, case.fmt))
     call = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **call_options(case)))
     timing = {"duration_s": call.seconds}
     if expected.error is not None:

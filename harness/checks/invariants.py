@@ -22,7 +22,7 @@ from moe_fq_parity.harness.core.ulp import CLASSES, Comparison
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
-    reference_options, summarize,
+    reference_options, summarize, undeclared_reason,
 )
 from .forward import compare_expert
 
@@ -58,7 +58,7 @@ def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor] | 
         return comp
 
     comps = compare_each(len(other), get, other, full)
-    fields = summarize(comps, ctx.inputs.amax[idx])
+    fields = summarize(comps, None if ctx.inputs.amax is None else ctx.inputs.amax[idx])
     if not fields["counts"]["error"] and not fields["counts"]["nan_bits"]:
         return None
     fields["per_expert"] = tuple(replace(e, expert=idx[e.expert]) for e in fields["per_expert"])
@@ -81,7 +81,7 @@ def check_layout(ctx: CheckContext):
     check = "invariant.layout"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     ws = inputs.weights
     if case.layout == "ragged" or case.empty or any(w.shape != ws[0].shape for w in ws):
         return record(ctx, check, "skip", "layout invariant needs experts of one shape")
@@ -128,7 +128,7 @@ def check_grouped(ctx: CheckContext):
     check = "invariant.grouped"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     opts = call_options(case)
     grouped = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
     if (reason := not_run_reason(ctx, grouped)) is not None:
@@ -139,7 +139,8 @@ def check_grouped(ctx: CheckContext):
     loop, seconds = [], grouped.seconds
     for i in experts:
         w = inputs.weights[i]
-        call = call_backend(ctx, lambda: be.fake_quant([w], inputs.amax[i:i + 1], case.fmt, **opts))
+        one = None if inputs.amax is None else inputs.amax[i:i + 1]
+        call = call_backend(ctx, lambda: be.fake_quant([w], one, case.fmt, **opts))
         seconds += call.seconds
         if (problem := problems_of(call, [w])) is not None:
             return record(ctx, check, "fail", f"one-expert call for expert {i}: {problem}", duration_s=seconds)
@@ -178,7 +179,7 @@ def _classified(ctx: CheckContext, e: int, expected: torch.Tensor, got: torch.Te
 
 def _differing(ctx: CheckContext, amax: torch.Tensor, got: Sequence[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
     """Elements of ``got`` that are not ``same_bits`` as the reference at ``amax``: the count and a mask per expert."""
-    case, per = ctx.case, split_expert_amax(ctx.inputs.weights, amax)
+    case, per = ctx.case, split_expert_amax(ctx.inputs.weights, amax, fmt=ctx.case.fmt)
     masks = []
     for e, w in enumerate(ctx.inputs.weights):
         ref = reference.fake_quant(w, per[e], case.fmt, case.variant, **reference_options(case))
@@ -203,7 +204,9 @@ def check_recalibrate(ctx: CheckContext):
     check = "invariant.recalibrate"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
+    if inputs.amax is None:
+        return record(ctx, check, "skip", f"{case.fmt} takes no amax (its scales come from the data): there is no amax to change")
     if not bool((inputs.amax > 0).any()):
         return record(ctx, check, "skip", "every amax is zero: a new amax would be invisible")
     opts = call_options(case)
@@ -213,7 +216,7 @@ def check_recalibrate(ctx: CheckContext):
     seconds = first.seconds
     del first
     new_amax = inputs.amax * RECALIBRATE_FACTOR
-    per = split_expert_amax(inputs.weights, new_amax)
+    per = split_expert_amax(inputs.weights, new_amax, fmt=inputs.case.fmt)
 
     def reference_for(k: int) -> torch.Tensor:
         try:
