@@ -46,6 +46,11 @@ DECLINED: dict[str, str] = {
 """Registered formats the kernels decline, with the reason (``decline_reason``)."""
 
 
+
+OPTION_VALUES: dict[str, tuple] = {"block_size": (NVFP4_BLOCK,), "tile_2d": (False,)}
+"""The values the kernel implements of the registry options where it implements only some
+(the others raise ``ValueError``); an option not named here is implemented for every value."""
+
 def decline_reason(fmt: str) -> str:
     """Why the kernels do not implement the registered format ``fmt`` (``""`` when they do)."""
     if fmt in _IMPLEMENTED:
@@ -104,9 +109,9 @@ def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
         return QuantSpec(fmt, FMT_INT, lo, qmax, unsigned)
     if code == FMT_FP8:
         return QuantSpec(fmt, FMT_FP8)
-    if options.get("tile_2d"):
+    if options.get("tile_2d", False) not in OPTION_VALUES["tile_2d"]:
         raise ValueError("the nvfp4 kernel implements 1x16 blocks only, not the 16x16 tiles of tile_2d=True")
     block = options.get("block_size", NVFP4_BLOCK)
-    if block != NVFP4_BLOCK:
+    if block not in OPTION_VALUES["block_size"]:
         raise ValueError(f"the nvfp4 kernel implements block_size={NVFP4_BLOCK} only, got {block!r}")
     return QuantSpec(fmt, FMT_NVFP4)

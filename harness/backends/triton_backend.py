@@ -43,17 +43,17 @@ def _import_kernels() -> tuple[Optional[Any], str]:
 
 def _declared(k: Any, formats: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, Optional[tuple]]]]:
     """What the kernel declares per format (``harness.core.contract``): its variants
-    (``kernels.variants``) and the options of those variants in the registry, ``block_size`` at the
-    kernel's one block size (``kernels.formats.NVFP4_BLOCK``).  The cases of anything else are not
+    (``kernels.variants``) and the options of those variants in the registry, restricted to the
+    values the kernel implements where it implements only some (``kernels.formats.OPTION_VALUES``).  The cases of anything else are not
     applicable to this backend (``harness.checks.plan``)."""
     probe = getattr(k, "variants", None)
     if not callable(probe):
         return {}, {}
-    from moe_fq_parity.kernels.formats import NVFP4_BLOCK
+    from moe_fq_parity.kernels.formats import OPTION_VALUES
     from moe_fq_parity.reference.formats import format_spec
 
     variants = {f: tuple(probe(f)) for f in sorted(formats)}
-    options = {f: {o.name: ((NVFP4_BLOCK,) if o.name == "block_size" else None)
+    options = {f: {o.name: OPTION_VALUES.get(o.name)
                    for v in variants[f] for o in format_spec(f).options_for(v) if o.code is not None} for f in variants}
     return variants, options
 

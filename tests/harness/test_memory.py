@@ -101,7 +101,7 @@ def test_forward_traces_only_the_experts_that_mismatch(monkeypatch):
 
     traced = []
     real = forward.trace_expert
-    monkeypatch.setattr(forward, "trace_expert", lambda inputs, e: traced.append(e) or real(inputs, e))
+    monkeypatch.setattr(forward, "trace_expert", lambda inputs, e, amax=None: traced.append(e) or real(inputs, e, amax))
     inputs = make_inputs(Case.from_id(BIG), 1234)
     ok = run_case_checks(CheckContext(load("reference"), inputs, 1234), ["forward"])[0]
     assert ok.verdict == "pass" and traced == []
