@@ -27,10 +27,11 @@ from .shapes import expert_shapes
 GRANULARITIES = ("per_expert", "per_channel")
 LAYOUTS = ("list", "stacked", "ragged")
 DTYPES = ("bf16", "fp16", "fp32")
-AMAX_POLICIES = ("max", "clip", "tiny", "zero", "design")
+AMAX_POLICIES = ("max", "clip", "tiny", "zero", "limits", "design")
 """``max``: calibrated max |x| (finite values); ``clip``: a data value below the max, so values
 clip and some equal amax; ``tiny``: amax around 2**-24; ``zero``: amax 0 on every other expert;
-``design``: the amax the distribution constructed (tie distributions)."""
+``limits``: the ends of the valid range (+-0, an fp32 subnormal, the smallest normal, FP32_MAX;
+``cases.amax.LIMIT_AMAX``); ``design``: the amax the distribution constructed (tie distributions)."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
+from .amax import LIMIT_AMAX
 from .case import GRANULARITIES, Case
 from .distributions import DISTRIBUTIONS
 from .rules import make_case
@@ -87,10 +88,13 @@ def smoke() -> tuple[Case, ...]:
 
 _CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
              ("outties", "design"), ("neartie", "design"), ("edges", "design"), ("special", "design"), ("nan", "max"), ("zeros", "max"),
-             ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"))
+             ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"), ("outliers", "limits"))
 
 
 _CI_PER_CHANNEL = ("ties", "neartie", "edges", "special")
+"""Distributions ``ci`` also runs per channel (besides the ``limits`` amax policy)."""
+_CI_N = {"limits": len(LIMIT_AMAX)}
+"""Experts of a ``ci`` case per amax policy (default 4): ``limits`` gives every value to an expert."""
 
 
 def ci() -> tuple[Case, ...]:
@@ -99,9 +103,9 @@ def ci() -> tuple[Case, ...]:
     for fmt in FORMATS:
         v = _default(fmt)
         for (dist, amax), gran in product(_CI_DISTS, _granularities(fmt)):
-            if (gran == "per_channel" and dist not in _CI_PER_CHANNEL) or not _applies(dist, fmt):
+            if (gran == "per_channel" and dist not in _CI_PER_CHANNEL and amax != "limits") or not _applies(dist, fmt):
                 continue
-            out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+            out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=_CI_N.get(amax, 4), shape=(16, 48), dist=dist, amax=amax)
         for layout, (n, shape, empty) in (("list", (8, (33, 47), 1)), ("ragged", (16, (7, 13), 2))):
             out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
         for var in variants(fmt)[1:]:

@@ -159,3 +159,26 @@ def test_tiny_amax_cycle_has_both_sides_of_threshold():
     t = make_inputs(_case(granularity="per_channel", dist="normal", amax="tiny")).amax.reshape(-1)
     assert {float(x) for x in t} >= {2.0**-25, 2.0**-24, 2.0**-23} and any(2.0**-24 < float(x) < 2.0**-23 for x in t)
     assert not any(math.isnan(float(x)) for x in t)
+
+
+@pytest.mark.parametrize("granularity", ["per_expert", "per_channel"])
+def test_limits_policy_gives_every_limit_amax(granularity):
+    """Every ``LIMIT_AMAX`` value, ``-0.0`` with its sign, to some expert (row) of a ``limits`` case."""
+    from moe_fq_parity.cases.amax import LIMIT_AMAX
+
+    a = make_inputs(_case(granularity=granularity, n=len(LIMIT_AMAX), dist="outliers", amax="limits")).amax.reshape(-1)
+    got = {(float(v), bool(torch.signbit(v))) for v in a}
+    assert got == {(v, math.copysign(1.0, v) < 0) for v in LIMIT_AMAX}
+
+
+def test_suites_run_every_format_at_the_limit_amax():
+    """ci (and so nightly) holds a ``limits`` case giving every value to an expert, for every
+    format and amax granularity it takes."""
+    from moe_fq_parity.cases.amax import LIMIT_AMAX
+    from moe_fq_parity.reference.formats import format_spec
+
+    for name in ("ci", "nightly"):
+        have = {(c.fmt, c.granularity) for c in suite(name) if c.amax == "limits" and c.variant == reference.default_variant(c.fmt)
+                and (c.granularity == "per_channel" or c.n >= len(LIMIT_AMAX))}  # fmt: skip
+        want = {(f, g) for f in reference.FORMATS for g in ("per_expert", "per_channel") if g in format_spec(f).amax_granularities}
+        assert have == want, (name, want - have)
