@@ -1,6 +1,7 @@
 """The case catalogue and its suites.
 
-* ``smoke``   -- a handful of small cases, one per format plus ties and specials: seconds on a CPU.
+* ``smoke``   -- a handful of small cases per format (ties, near ties per channel in fp32, the
+  ``limits`` amax) and specials: seconds on a CPU, and every built-in mutant dies on them.
 * ``ci``      -- the CPU tier: every format x variant x distribution x amax policy x layout on small
   (often odd) shapes, N in {4, 8, 16}; sized for ~2 minutes on 2 cores with the Triton interpreter.
 * ``ultra``   -- the Ultra cases: upstream production N=32 ``[5120, 8192]`` bf16 and the routed
@@ -76,12 +77,19 @@ def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
 
 
 def smoke() -> tuple[Case, ...]:
-    """One small stacked case per format, plus its ties case and a ragged special case."""
+    """Per format: one small stacked case, its ties case, its ``limits`` amax case and, where the
+    format takes per-channel amax, an fp32 per-channel near-tie case (fp32 output shows every
+    one-ulp difference of an op order); plus a ragged special case.  Small (21k elements) and
+    enough to kill every built-in mutant (``moe-fq-parity selftest --suite smoke``)."""
     out: list[Case] = []
     for fmt in FORMATS:
         v = _default(fmt)
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
+        out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=len(LIMIT_AMAX), shape=(8, 40), dist="outliers", amax="limits")
+        if "per_channel" in _granularities(fmt) and _applies("neartie", fmt):
+            out += _entry(fmt=fmt, variant=v, granularity="per_channel", layout="stacked", n=4, shape=(8, 40), dtype="fp32", dist="neartie",
+                          amax="design")  # fmt: skip
     out += _entry(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
     return _unique(out)
 

@@ -54,7 +54,7 @@ def test_correct_backend_passes_in_a_project_outside_the_repository(tmp_path):
     proc = _pytest(proj, "--parity-suite", "smoke", "-rs")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = _summary(proc.stdout)
-    assert "11 passed" in summary and "failed" not in summary, summary
+    assert "19 passed" in summary and "failed" not in summary, summary
     assert "backend formats ['int8'] do not include fp8_e4m3" in proc.stdout  # other formats skip with the reason
     # The package came from the installation, not from a path next to the project.
     where = subprocess.run([sys.executable, "-c", "import moe_fq_parity.harness as h; print(h.__file__)"], cwd=proj, env=_env(),
@@ -66,7 +66,7 @@ def test_no_line_of_code_with_pyargs(tmp_path):
     proj = _project(tmp_path, with_test_file=False)
     proc = _pytest(proj, "--pyargs", "moe_fq_parity.harness.run.parity_test", "--parity-suite", "smoke")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "11 passed" in _summary(proc.stdout)
+    assert "19 passed" in _summary(proc.stdout)
 
 
 def test_backend_off_by_one_on_ties_fails_with_offender_table_and_repro(tmp_path):
