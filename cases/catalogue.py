@@ -3,7 +3,8 @@
 * ``smoke``   -- a handful of small cases per format (ties, near ties per channel in fp32, the
   ``limits`` amax) and specials: seconds on a CPU, and every built-in mutant dies on them.
 * ``ci``      -- the CPU tier: every format x variant x distribution x amax policy x layout on small
-  (often odd) shapes, N in {4, 8, 16}; sized for ~2 minutes on 2 cores with the Triton interpreter.
+  (often odd) shapes, N in {4, 8, 16}, plus experts larger than the kernel's tiles in both
+  dimensions (``CI_LARGE``); sized for ~2 minutes on 2 cores with the Triton interpreter.
 * ``ultra``   -- the Ultra cases: upstream production N=32 ``[5120, 8192]`` bf16 and the routed
   Ultra fc1/fc2 shapes at N = 512 experts / EP 32.
 * ``nightly`` -- everything (GPU): ``ci`` plus N in {4..128} sweeps, Nemotron Nano/Super/Ultra routed
@@ -105,6 +106,28 @@ _CI_N = {"limits": len(LIMIT_AMAX)}
 """Experts of a ``ci`` case per amax policy (default 4): ``limits`` gives every value to an expert."""
 
 
+CI_LARGE = (9, 2548)
+"""The ``ci`` experts that span several kernel tiles in both dimensions on a GPU: 2548 columns are
+more than the widest tile of any kernel configuration (2048), and for the 512-wide tiles the kernel
+picks for such rows, 9 rows are more than any configuration's tile rows (INT 2, FP8 and NVFP4 4,
+backward 8, from its 1,024-4,096-element tiles); 22,932 elements, more than the largest tile
+(4,096).  2548 is no multiple of 16 (a short NVFP4 block) nor of 512 (a partial column tile); 9
+rows leave a partial row tile.  ``tests/cases`` checks this against ``kernels/launch.py``'s
+configurations.  (The interpreter's 65,536-element tiles hold such an expert whole: multi-tile
+programs under the interpreter are ``tests/kernels``' job.)"""
+
+
+def _large(fmt: str) -> list[Case]:
+    """Cases whose experts run many programs each (``CI_LARGE``): stacked ``N = 2`` per expert and
+    per channel, and ragged ``N = 4`` (an empty expert, and experts of different tile counts: the
+    programs past a small expert's tiles have nothing to do)."""
+    v, out = _default(fmt), []
+    for gran in _granularities(fmt):
+        out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=2, shape=CI_LARGE, dist="outliers")
+    out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="ragged", n=4, shape=CI_LARGE, empty=1, dist="outliers")
+    return out
+
+
 def ci() -> tuple[Case, ...]:
     """The CPU tier (see the module docstring)."""
     out: list[Case] = list(smoke())
@@ -116,6 +139,7 @@ def ci() -> tuple[Case, ...]:
             out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=_CI_N.get(amax, 4), shape=(16, 48), dist=dist, amax=amax)
         for layout, (n, shape, empty) in (("list", (8, (33, 47), 1)), ("ragged", (16, (7, 13), 2))):
             out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
+        out += _large(fmt)
         for var in variants(fmt)[1:]:
             for dist, amax in (("ties", "design"), ("neartie", "design"), ("outliers", "max"), ("special", "design")):
                 if not _applies(dist, fmt):
