@@ -7,6 +7,10 @@
 * ``tiny``   -- cycles ``2**-25, 2**-24, nextafter(2**-24, inf), 2**-23`` over experts/rows
   (both sides of the INT zero-output and FP8 treat-as-one thresholds).
 * ``zero``   -- amax 0 on even experts (rows), calibrated max on the others.
+* ``limits`` -- cycles ``LIMIT_AMAX`` (``+0``, ``-0``, the fp32 subnormal ``1e-40``, the smallest
+  normal ``2**-126``, the largest finite ``FP32_MAX``) over experts/rows: the ends of the valid
+  amax range, where scales overflow to infinity or underflow (every format's contract defines them;
+  ``-0.0`` gives the bits of ``+0.0``).
 * ``design`` -- the amax the distribution constructed.
 * ``none``   -- no amax (``None``): the case's format derives its scales from the data (``from_data``).
 """
@@ -19,7 +23,7 @@ from typing import Optional
 import torch
 
 from moe_fq_parity.reference import max_calibrate
-from moe_fq_parity.reference.constants import TINY_AMAX
+from moe_fq_parity.reference.constants import FP32_MAX, TINY_AMAX
 
 from .case import Case
 
@@ -40,10 +44,18 @@ def _clip(case: Case, x: torch.Tensor) -> torch.Tensor:
     return q if case.granularity == "per_channel" else q[0]
 
 
+LIMIT_AMAX: tuple[float, ...] = tuple(torch.tensor((0.0, -0.0, 1e-40, 2.0**-126, FP32_MAX), dtype=torch.float32).tolist())
+"""The ``limits`` policy's amax values, in cycle order, as fp32 values (``1e-40`` is the subnormal
+``9.99994610111476e-41``)."""
+
+
+def _cycle(options: torch.Tensor, count: int, start: int) -> torch.Tensor:
+    return options[(torch.arange(count) + start) % len(options)]
+
+
 def _tiny_cycle(count: int, start: int) -> torch.Tensor:
     t = torch.tensor(TINY_AMAX, dtype=torch.float32)
-    options = torch.stack([t / 2, t, torch.nextafter(t, torch.tensor(math.inf)), t * 2])
-    return options[(torch.arange(count) + start) % 4]
+    return _cycle(torch.stack([t / 2, t, torch.nextafter(t, torch.tensor(math.inf)), t * 2]), count, start)
 
 
 def expert_amax(case: Case, i: int, x: torch.Tensor, design: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -56,8 +68,8 @@ def expert_amax(case: Case, i: int, x: torch.Tensor, design: Optional[torch.Tens
         return _calibrated(case, x)
     if case.amax == "clip":
         return _clip(case, x)
-    if case.amax == "tiny":
-        t = _tiny_cycle(rows, i)
+    if case.amax in ("tiny", "limits"):
+        t = _tiny_cycle(rows, i) if case.amax == "tiny" else _cycle(torch.tensor(LIMIT_AMAX, dtype=torch.float32), rows, i)
         return t if case.granularity == "per_channel" else t[0]
     if case.amax == "zero":
         cal = _calibrated(case, x)

@@ -28,11 +28,12 @@ GRANULARITIES = ("per_expert", "per_channel", "from_data")
 """``from_data``: the format takes no amax (``amax=None``); its scales come from the data per tile."""
 LAYOUTS = ("list", "stacked", "ragged")
 DTYPES = ("bf16", "fp16", "fp32")
-AMAX_POLICIES = ("max", "clip", "tiny", "zero", "design", "none")
+AMAX_POLICIES = ("max", "clip", "tiny", "zero", "limits", "design", "none")
 """``max``: calibrated max |x| (finite values); ``clip``: a data value below the max, so values
 clip and some equal amax; ``tiny``: amax around 2**-24; ``zero``: amax 0 on every other expert;
-``design``: the amax the distribution constructed (tie distributions); ``none``: no amax at all
-(granularity ``from_data``, and only there)."""
+``limits``: the ends of the valid range (+-0, an fp32 subnormal, the smallest normal, FP32_MAX;
+``cases.amax.LIMIT_AMAX``); ``design``: the amax the distribution constructed (tie distributions);
+``none``: no amax at all (granularity ``from_data``, and only there)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The case catalogue and its suites.
 
-* ``smoke``   -- a handful of small cases, one per format plus ties and specials: seconds on a CPU.
+* ``smoke``   -- a handful of small cases per format (ties, near ties per channel in fp32, the
+  ``limits`` amax) and specials: seconds on a CPU, and every built-in mutant dies on them.
 * ``ci``      -- the CPU tier: every format x variant x distribution x amax policy x layout on small
-  (often odd) shapes, N in {4, 8, 16}; sized for ~2 minutes on 2 cores with the Triton interpreter.
+  (often odd) shapes, N in {4, 8, 16}, plus experts larger than the kernel's tiles in both
+  dimensions (``CI_LARGE``); sized for ~2 minutes on 2 cores with the Triton interpreter.
 * ``ultra``   -- the Ultra cases: upstream production N=32 ``[5120, 8192]`` bf16 and the routed
   Ultra fc1/fc2 shapes at N = 512 experts / EP 32.
 * ``nightly`` -- everything (GPU): ``ci`` plus N in {4..128} sweeps, Nemotron Nano/Super/Ultra routed
@@ -25,6 +27,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
 from . import block_scaled
+from .amax import LIMIT_AMAX
 from .case import GRANULARITIES, Case
 from .distributions import DISTRIBUTIONS
 from .rules import make_case
@@ -87,22 +90,55 @@ def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
 
 
 def smoke() -> tuple[Case, ...]:
-    """One small stacked case per format, plus its ties case and a ragged special case."""
+    """Per format: one small stacked case, its ties case, its ``limits`` amax case and, where the
+    format takes per-channel amax, an fp32 per-channel near-tie case (fp32 output shows every
+    one-ulp difference of an op order); plus a ragged special case.  Small (21k elements) and
+    enough to kill every built-in mutant (``moe-fq-parity selftest --suite smoke``)."""
     out: list[Case] = []
     for fmt in _amax_formats():
         v = _default(fmt)
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
+        out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=len(LIMIT_AMAX), shape=(8, 40), dist="outliers", amax="limits")
+        if "per_channel" in _granularities(fmt) and _applies("neartie", fmt):
+            out += _entry(fmt=fmt, variant=v, granularity="per_channel", layout="stacked", n=4, shape=(8, 40), dtype="fp32", dist="neartie",
+                          amax="design")  # fmt: skip
     out += _entry(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
     return _unique(out + _block_scaled("smoke"))
 
 
 _CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
              ("outties", "design"), ("neartie", "design"), ("edges", "design"), ("special", "design"), ("nan", "max"), ("zeros", "max"),
-             ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"))
+             ("arange", "max"), ("spread", "tiny"), ("outliers", "zero"), ("outliers", "limits"))
 
 
 _CI_PER_CHANNEL = ("ties", "neartie", "edges", "special")
+"""Distributions ``ci`` also runs per channel (besides the ``limits`` amax policy)."""
+_CI_N = {"limits": len(LIMIT_AMAX)}
+"""Experts of a ``ci`` case per amax policy (default 4): ``limits`` gives every value to an expert."""
+
+
+CI_LARGE = (9, 2548)
+"""The ``ci`` experts that span several kernel tiles in both dimensions on a GPU: 2548 columns are
+more than the widest tile of any kernel configuration (2048), and for the 512-wide tiles the kernel
+picks for such rows, 9 rows are more than any configuration's tile rows (INT 2, FP8 and NVFP4 4,
+backward 8, from its 1,024-4,096-element tiles); 22,932 elements, more than the largest tile
+(4,096).  2548 is no multiple of 16 (a short NVFP4 block) nor of 512 (a partial column tile); 9
+rows leave a partial row tile.  ``tests/cases`` checks this against ``kernels/launch.py``'s
+configurations.  (The interpreter's 65,536-element tiles hold such an expert whole: multi-tile
+programs under the interpreter are ``tests/kernels``' job.)"""
+
+
+def _large(fmt: str) -> list[Case]:
+    """Cases whose experts run many programs each (``CI_LARGE``): stacked ``N = 2`` with the format's
+    last amax granularity (per channel where it takes one), and ragged ``N = 4`` per expert (an
+    empty expert, and experts of different tile counts: the programs past a small expert's tiles
+    have nothing to do).  One stacked case per format: these experts cost as much as the rest of
+    the format's ``ci`` cases."""
+    v, out = _default(fmt), []
+    out += _entry(fmt=fmt, variant=v, granularity=_granularities(fmt)[-1], layout="stacked", n=2, shape=CI_LARGE, dist="outliers")
+    out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="ragged", n=4, shape=CI_LARGE, empty=1, dist="outliers")
+    return out
 
 
 def ci() -> tuple[Case, ...]:
@@ -111,11 +147,12 @@ def ci() -> tuple[Case, ...]:
     for fmt in _amax_formats():
         v = _default(fmt)
         for (dist, amax), gran in product(_CI_DISTS, _granularities(fmt)):
-            if (gran == "per_channel" and dist not in _CI_PER_CHANNEL) or not _applies(dist, fmt):
+            if (gran == "per_channel" and dist not in _CI_PER_CHANNEL and amax != "limits") or not _applies(dist, fmt):
                 continue
-            out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=4, shape=(16, 48), dist=dist, amax=amax)
+            out += _entry(fmt=fmt, variant=v, granularity=gran, layout="stacked", n=_CI_N.get(amax, 4), shape=(16, 48), dist=dist, amax=amax)
         for layout, (n, shape, empty) in (("list", (8, (33, 47), 1)), ("ragged", (16, (7, 13), 2))):
             out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout=layout, n=n, shape=shape, empty=empty, dist="outliers")
+        out += _large(fmt)
         for var in variants(fmt)[1:]:
             for dist, amax in (("ties", "design"), ("neartie", "design"), ("outliers", "max"), ("special", "design")):
                 if not _applies(dist, fmt):

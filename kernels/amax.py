@@ -7,8 +7,10 @@ buffer.  Granularities (as in ``reference/granularity.py``):
 * per expert ``[N]`` (``x.shape[:-2]`` when stacked): ``sr = 0``;
 * per channel ``[N, out]`` (``x.shape[:-1]`` when stacked): one value per output row.
 
-Non-fp32 float amax is converted to fp32 (exact for bf16/fp16).  An amax on another device than the
-weights is an error, not a silent copy.  Values (finite, >= 0) are checked by the forward kernel
+Non-fp32 float amax is converted to fp32 (exact for bf16/fp16), and a negated view (negative bit
+set) is read by value, as the reference reads it (a copy of the few amax values; the kernel reads
+memory, which holds the negated values).  An amax on another device than the weights is an error,
+not a silent copy.  Values (finite, >= 0) are checked by the forward kernel
 itself (``kernels/checks.py``): the amax is read from its address on every launch, so an amax
 written in place between calls is always the one used and checked.
 """
@@ -37,6 +39,8 @@ def _as_fp32(amax: torch.Tensor, device: torch.device) -> torch.Tensor:
         raise TypeError(f"amax must be a float tensor, got {amax.dtype}")
     if amax.device != device:
         raise ValueError(f"amax is on {amax.device} but the input is on {device}")
+    if amax.is_neg():
+        amax = amax.resolve_neg()
     return amax if amax.dtype == torch.float32 else amax.to(torch.float32)
 
 
@@ -67,7 +71,7 @@ def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, 
 def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device, *, nvfp4: bool) -> AmaxView:
     """amax for one tensor ``[..., out, in]`` viewed as ``[N, out, in]`` (``N`` = product of leads)."""
     if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and amax.dim() == 1 and len(shape) == 3 \
-            and amax.shape[0] == shape[0]:  # fmt: skip
+            and amax.shape[0] == shape[0] and not amax.is_neg():  # fmt: skip
         return AmaxView(amax, amax.stride(0), 0, False)  # the usual per-expert [N] of an [N, out, in] weight, without a reshape
     a = _as_fp32(amax, device)
     s = tuple(a.shape)
@@ -91,7 +95,7 @@ def amax_for_rows(amax: torch.Tensor, shapes, common: int | None, device: torch.
     """``amax_for_list`` for a cached table whose experts are ``(rows, cols)`` ``shapes`` (``common``:
     their common row count, ``None`` if ragged): the usual amax shapes take no per-expert loop."""
     n = len(shapes)
-    a = amax if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device else _as_fp32(amax, device)
+    a = amax if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and not amax.is_neg() else _as_fp32(amax, device)
     if a.dim() == 1 and a.shape[0] == n:
         return AmaxView(a, a.stride(0), 0, False)
     if a.dim() == 2 and a.shape[0] == n and not nvfp4 and common == a.shape[1]:

@@ -15,6 +15,9 @@ OR-ed into the output bits; the exceptions are per-expert constants: INT with am
 and interpreted kernels agree whatever their dequantization path) and NaN input writes the
 canonical NaN.
 
+amax ``-0.0`` is valid (``-0.0 >= 0``) and gives the bits of ``+0.0`` in every format, as in the
+reference: INT and FP8 only compare amax with 2**-24, NVFP4 selects ``+0.0`` for it explicitly.
+
 Checks (``CHECK``; slots and host side in ``kernels/checks.py``): program ``(0, e)`` checks every
 amax entry of expert ``e`` (empty experts included): NaN -> ``flag[0]``, +-inf -> ``flag[1]``,
 negative -> ``flag[2]``; unsigned INT with a negative input -> ``flag[3]``; NVFP4 with a NaN input
@@ -153,7 +156,10 @@ def _fp8_magnitude(xs, inv):
 @triton.jit
 def _nvfp4_scales(g, INT_DIV: tl.constexpr):
     """NVFP4 "te" steps 1-3: ``ge = min(RN(2688/g), FP32_MAX)`` (1 if 0), ``gd = RN(1/ge)``,
-    ``mult = RN(ge * RN(1/6))``."""
+    ``mult = RN(ge * RN(1/6))``.  ``g = -0.0`` is taken as ``+0.0`` (the reference drops the sign of
+    a zero amax, ``reference/granularity.py``); ``2688 / -0.0 = -inf`` would otherwise make every
+    output NaN."""
+    g = tl.where(g == 0.0, 0.0, g)
     ge = div_rn_normal(tl.zeros_like(g) + _GSCALE, g, INT_DIV)  # g = 0 or subnormal: +inf either way
     ge = tl.where(ge > _FMAX, _FMAX, ge)
     ge = tl.where(ge == 0.0, 1.0, ge)

@@ -49,8 +49,13 @@ def expert_matrix_shape(w: torch.Tensor) -> tuple[int, int]:
     return rows, cols
 
 
+_NEG_VIEW = ("is a negated view (negative bit set: torch._neg_view, or .imag of a conjugated complex tensor): "
+             "its memory holds the negated values, and the kernel reads memory")
+
+
 def check_expert_list(weights: Sequence[torch.Tensor], what: str = "weights") -> tuple[torch.dtype, torch.device]:
-    """Validate a non-empty list of experts: tensors, >= 1-D, one float dtype, one device, contiguous.
+    """Validate a non-empty list of experts: tensors, >= 1-D, one float dtype, one device, contiguous,
+    no negative bit.
 
     Returns ``(dtype, device)``.  Errors name the offending expert.
     """
@@ -70,14 +75,19 @@ def check_expert_list(weights: Sequence[torch.Tensor], what: str = "weights") ->
             raise ValueError(f"{what}[{i}] is on {w.device} but {what}[0] is on {first.device}")
         if not w.is_contiguous():
             raise ValueError(f"{what}[{i}] is not contiguous (strides {w.stride()}); pass w.contiguous()")
+        if w.is_neg():
+            raise ValueError(f"{what}[{i}] {_NEG_VIEW}; pass w.resolve_neg()")
     return first.dtype, first.device
 
 
 def check_stacked(x: torch.Tensor, what: str = "x") -> None:
-    """Validate a single (stacked) tensor: the reference's input rules, plus contiguity."""
+    """Validate a single (stacked) tensor: the reference's input rules, plus contiguity and no
+    negative bit."""
     check_input(x)
     if not x.is_contiguous():
         raise ValueError(f"{what} is not contiguous (strides {x.stride()}); pass x.contiguous()")
+    if x.is_neg():
+        raise ValueError(f"{what} {_NEG_VIEW}; pass x.resolve_neg()")
 
 
 def _pow2_at_most(n: int) -> int:

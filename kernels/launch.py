@@ -181,20 +181,23 @@ class ExpertTable:
 
 _data_ptr = torch.Tensor.data_ptr
 _is_contiguous = torch.Tensor.is_contiguous
+_is_neg = torch.Tensor.is_neg
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
 
 def table_key(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> tuple:
     """Identity of a table: ``(addresses, rest)``: per expert the address, and in ``rest`` the
-    shape, contiguity and dtype, plus the device of the first (device addresses are unique across
-    devices under CUDA's unified addressing); the same for the gradients.  Contiguity and shape fix
-    the strides.  C-level reads only; the cache hashes the addresses and compares ``rest``."""
+    shape, contiguity, negative bit and dtype, plus the device of the first (device addresses are
+    unique across devices under CUDA's unified addressing); the same for the gradients.  Contiguity
+    and shape fix the strides; the negative bit is there because a negated view shares its base's
+    address (a cached table would read the base's values: it must miss, and validation rejects it).
+    C-level reads only; the cache hashes the addresses and compares ``rest``."""
     ptrs = tuple(map(_data_ptr, xs))
-    rest = (tuple(map(_shape, xs)), tuple(map(_is_contiguous, xs)), tuple(map(_dtype, xs)), xs[0].device)
+    rest = (tuple(map(_shape, xs)), tuple(map(_is_contiguous, xs)), tuple(map(_is_neg, xs)), tuple(map(_dtype, xs)), xs[0].device)
     if grads is not None:
         ptrs += tuple(map(_data_ptr, grads))
-        rest += (tuple(map(_shape, grads)), tuple(map(_is_contiguous, grads)), tuple(map(_dtype, grads)))
+        rest += (tuple(map(_shape, grads)), tuple(map(_is_contiguous, grads)), tuple(map(_is_neg, grads)), tuple(map(_dtype, grads)))
     return ptrs, rest
 
 

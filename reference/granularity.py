@@ -10,7 +10,10 @@ Layout only, no arithmetic.  A weight tensor is ``[..., out, in]``: a single exp
   of the last two dims: MX, FP8 block-wise; they take no amax at all, ``FROM_DATA``)
 
 amax values: finite and ``>= 0``.  NaN, ±inf or negative amax raise ``ValueError`` (a
-silent NaN/zero output would hide a calibration bug).  Zero and tiny amax are defined per
+silent NaN/zero output would hide a calibration bug).  ``-0.0`` passes (``-0.0 >= 0``) and *is*
+amax 0: its sign is dropped here, so every format and variant gives for ``-0.0`` exactly the bits
+of ``+0.0`` (an amax is a magnitude; without this NVFP4's ``2688 / -0.0 = -inf`` would turn a
+zero amax into zero outputs instead of the zero-amax rule).  Zero and tiny amax are defined per
 format (see each format's numeric contract).  amax of any float dtype is converted to
 fp32 (exact for bf16/fp16).
 """
@@ -88,6 +91,7 @@ def broadcast_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     gran = granularity_of(x, amax)
     a = amax.to(torch.float32)
     check_amax_values(a)
+    a = a.abs()  # -0.0 -> +0.0 (see the module docstring); every other valid value is unchanged
     if gran == "per_tensor":
         return a.reshape((1,) * x.dim())
     return a.reshape(tuple(a.shape) + (1,) * (x.dim() - a.dim()))

@@ -169,3 +169,72 @@ def test_strategies_draw_formats_without_amax_as_from_data():
     assert c.granularity == "from_data" and c.amax == "none" and make_inputs(c).amax is None
     d = find(case_strategy(formats=("mxfp4",)), lambda c: c.dist == "tile_specials")
     assert d.granularity == "from_data" and d.amax == "none"
+
+
+@pytest.mark.parametrize("granularity", ["per_expert", "per_channel"])
+def test_limits_policy_gives_every_limit_amax(granularity):
+    """Every ``LIMIT_AMAX`` value, ``-0.0`` with its sign, to some expert (row) of a ``limits`` case."""
+    from moe_fq_parity.cases.amax import LIMIT_AMAX
+
+    a = make_inputs(_case(granularity=granularity, n=len(LIMIT_AMAX), dist="outliers", amax="limits")).amax.reshape(-1)
+    got = {(float(v), bool(torch.signbit(v))) for v in a}
+    assert got == {(v, math.copysign(1.0, v) < 0) for v in LIMIT_AMAX}
+
+
+def test_suites_run_every_format_at_the_limit_amax():
+    """ci (and so nightly) holds a ``limits`` case giving every value to an expert, for every
+    format and amax granularity it takes."""
+    from moe_fq_parity.cases.amax import LIMIT_AMAX
+    from moe_fq_parity.reference.formats import format_spec
+
+    for name in ("ci", "nightly"):
+        have = {(c.fmt, c.granularity) for c in suite(name) if c.amax == "limits" and c.variant == reference.default_variant(c.fmt)
+                and (c.granularity == "per_channel" or c.n >= len(LIMIT_AMAX))}  # fmt: skip
+        want = {(f, g) for f in reference.FORMATS for g in ("per_expert", "per_channel") if g in format_spec(f).amax_granularities}
+        assert have == want, (name, want - have)
+
+
+def _kernel_tiles(shapes, fmt: str, per_channel: bool):
+    """Per GPU configuration of the kernel (forward of ``fmt``, backward): ``(row tiles, column
+    tiles)`` of each expert and the grid, as ``kernels/launch.py`` tiles them (flat view included)."""
+    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
+    from moe_fq_parity.kernels.geometry import flat_width, grid_for, with_tpp
+
+    code = parse_spec(fmt, None, {}).code
+    out = {}
+    for name, cfg in (("forward", launch.FWD_CONFIG[code]), ("backward", launch.BWD_CONFIG)):
+        whole_blocks = name == "backward" or code != FMT_NVFP4 or all(c % 16 == 0 for _, c in shapes)
+        flat = 0 if per_channel or not whole_blocks else flat_width(shapes, launch.FLAT_CAP)
+        _, used, tile = launch.tiling(shapes, flat, cfg, torch.device("cpu"))
+        tile = with_tpp(tile, cfg.tiles_per_program)
+        out[name] = ([(-(-r // tile.br), -(-c // tile.bc)) for r, c in used], grid_for(used, tile), tile)
+    return out
+
+
+def test_ci_reaches_every_multi_tile_path():
+    """For every kernel format and amax granularity, ci holds a case with several experts and one
+    expert of more elements than the largest tile that spans >= 2 tiles in rows and in columns
+    under every GPU configuration of the kernel (forward and backward), with >= 2 programs in both
+    grid dimensions; and per format a ragged case whose experts have different tile counts (the
+    programs past a small expert's tiles idle)."""
+    from moe_fq_parity import kernels
+    from moe_fq_parity.kernels import launch
+
+    largest_tile = max(c.block for c in (*launch.FWD_CONFIG.values(), launch.BWD_CONFIG))
+    ci = suite("ci")
+    for fmt in kernels.FORMATS:
+        grans = [g for g in ("per_expert", "per_channel") if g in reference.format_spec(fmt).amax_granularities]
+        for gran in grans:
+            def spans(c):
+                if c.fmt != fmt or c.granularity != gran or c.variant != reference.default_variant(fmt) or c.n < 2:
+                    return False
+                shapes = [s for s in c.expert_shapes if s[0] and s[1]]
+                if max(r * k for r, k in shapes) <= largest_tile:
+                    return False
+                geo = _kernel_tiles(shapes, fmt, gran == "per_channel").values()
+                return all(max(rt for rt, _ in t) >= 2 and max(ct for _, ct in t) >= 2 and grid[0] >= 2 and grid[1] >= 2 for t, grid, _ in geo)
+            assert any(spans(c) for c in ci), f"ci has no case of {fmt} {gran} past the kernel's tiles"
+        ragged = [c for c in ci if c.fmt == fmt and c.layout == "ragged"
+                  and any(len({rt * ct for rt, ct in t}) > 1 for t, _, _ in _kernel_tiles([s for s in c.expert_shapes if s[0]], fmt, False).values())]
+        assert ragged, f"ci has no ragged {fmt} case whose experts take different numbers of tiles"

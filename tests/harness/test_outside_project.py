@@ -83,7 +83,7 @@ def test_no_line_of_code_with_pyargs(tmp_path):
     proj = _project(tmp_path, with_test_file=False)
     proc = _pytest(proj, "--pyargs", "moe_fq_parity.harness.run.parity_test", "--parity-suite", "smoke")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "11 passed" in _summary(proc.stdout)
+    assert "19 passed" in _summary(proc.stdout)
 
 
 def test_backend_off_by_one_on_ties_fails_with_offender_table_and_repro(tmp_path):

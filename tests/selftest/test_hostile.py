@@ -65,3 +65,17 @@ def test_bad_baselines(tmp_path, capsys, content, msg):
 def test_compare_missing_file(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
     assert "a.json" in capsys.readouterr().err
+
+
+def test_a_backend_wrong_only_on_large_experts_fails_ci(tmp_path):
+    """Wrong only past an expert's first 4,096 elements: the ci suite's large experts catch it (its
+    INT8 cases here, a quarter of the suite's time; every format has such experts, ``tests/cases``),
+    and no case with small experts fails."""
+    from moe_fq_parity.cases import select, suite
+
+    rc = main(["run", "--suite", "ci", "--formats", "int8", "--checks", "forward", "--no-sections", "--no-progress",
+               "--out", str(tmp_path / "out"), "--backend", "tests.selftest.hostile_backends:FirstTileOnly"])  # fmt: skip
+    assert rc == 1
+    failed = {r["case_id"] for r in _records(tmp_path) if r["verdict"] == "fail"}
+    large = {c.id for c in select(suite("ci"), formats=["int8"]) if max(o * i for o, i in c.expert_shapes) > 4096}
+    assert failed and failed == large, (failed, large)

@@ -57,3 +57,35 @@ def test_section_rows():
     sec = section_of(r)
     assert [row.id for row in sec.rows] == ["mutant/bf16-truncate", "control/reference"]
     assert sec.verdict == "pass"
+
+
+def test_smoke_kills_every_mutant(tmp_path):
+    """``selftest --suite smoke``: every built-in mutant dies on the smoke cases (the step-multiply
+    op order included) and the unmutated controls pass them."""
+    out = tmp_path / "st.json"
+    assert main(["selftest", "--suite", "smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["suite"] == "smoke" and data["ok"]
+    assert {m["name"] for m in data["mutants"] if m["killed"]} >= {m.name for m in build_mutants()}
+    assert [c["backend"] for c in data["controls"]] == ["reference", "eager-loop"] and all(not c["failures"] for c in data["controls"])
+
+
+def test_step_multiply_mutant_is_the_step_op_order():
+    """The mutant computes exactly the reference's ``step`` variant (``RN(amax/qmax)``, ``x/step``,
+    ``q*step``), which differs from the default somewhere on near ties."""
+    import torch
+
+    from moe_fq_parity import reference
+    from moe_fq_parity.cases import make_case, make_inputs
+
+    (m,) = [m for m in build_mutants() if m.name == "step-multiply"]
+    inp = make_inputs(make_case(fmt="int8", variant="cuda", granularity="per_channel", layout="stacked", n=4, shape=(8, 40), dtype="fp32",
+                                dist="neartie", amax="design"))  # fmt: skip
+    got = m.fake_quant(inp.weights, inp.amax, "int8")
+    assert all(torch.equal(g, reference.fake_quant(w, a, "int8", "step")) for g, w, a in zip(got, inp.weights, inp.amax))
+    assert any(not torch.equal(g, reference.fake_quant(w, a, "int8")) for g, w, a in zip(got, inp.weights, inp.amax))
+
+
+def test_selftest_suite_without_a_selftest_is_a_usage_error(capsys):
+    assert main(["selftest", "--suite", "ultra"]) == 2
+    assert "no selftest for suite 'ultra'" in capsys.readouterr().err

@@ -29,16 +29,22 @@ Tensor = torch.Tensor
 
 def _int_fq(x: Tensor, a: Tensor, fmt: str, *, unsigned=False, narrow_range=False, scale="div", rnd="even",
             clamp=True, dequant="div", tiny="zero", cast="rne") -> Tensor:
-    """INT fake quant of one expert with selectable (mutated) steps; defaults = reference ``cuda``."""
+    """INT fake quant of one expert with selectable (mutated) steps; defaults = reference ``cuda``.
+    ``scale="step"``: the step ``RN(amax/qmax)`` instead of the scale, ``v = RN(x/step)``,
+    ``y = RN(q*step)`` (a valid op order of its own, the reference's ``step`` variant, but not the
+    default's)."""
     lo, qmax = format_spec(fmt).grid.bounds(unsigned=unsigned, narrow_range=narrow_range)
     xf = x.float()
     a = a.float().reshape(a.shape + (1,) * (x.dim() - a.dim()))
     q_t = fp32_scalar_like(qmax, xf)
-    s = q_t / a if scale == "div" else torch.reciprocal(a) * q_t
-    v = xf * s
+    s = q_t / a if scale == "div" else (a / q_t if scale == "step" else torch.reciprocal(a) * q_t)
+    v = xf / s if scale == "step" else xf * s
     r = torch.round(v) if rnd == "even" else torch.sign(v) * torch.floor(v.abs() + 0.5)
     q = torch.clamp(r, lo, qmax) if clamp else r
-    y = q / s if dequant == "div" else q * torch.reciprocal(s)
+    if scale == "step":
+        y = q * s
+    else:
+        y = q / s if dequant == "div" else q * torch.reciprocal(s)
     if tiny == "zero":
         y = torch.where(a < TINY_AMAX, torch.zeros(()), y)
     else:  # amax == 0 passes x through
@@ -329,6 +335,8 @@ def build_mutants() -> list[Mutant]:
     per_channel = {f for f in int_fp8 if "per_channel" in format_spec(f).amax_granularities}
     return [
         Mutant("scale-reciprocal", "scale computed as reciprocal(amax) * qmax (two roundings)", ints, _int_or_fp8({"scale": "reciprocal"})),
+        Mutant("step-multiply", "step = amax/qmax, q = rint(x/step), y = q*step instead of the scale qmax/amax and y = q/s", ints,
+               _int_or_fp8({"scale": "step"})),
         Mutant("round-half-away", "rint replaced by round half away from zero", ints, _int_or_fp8({"rnd": "away"})),
         Mutant("bf16-truncate", "fp32 -> bf16 output truncated instead of rounded to nearest even", int_fp8, _int_or_fp8({"cast": "trunc"}, {"cast": "trunc"})),
         Mutant("dequant-reciprocal", "dequantization y = q * RN(1/s) instead of RN(q/s)", ints, _int_or_fp8({"dequant": "recip"})),

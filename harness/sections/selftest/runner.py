@@ -23,9 +23,13 @@ from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, MUTANT_TIMEOUT
 from .mutants import Mutant, build_mutants
 
 SELFTEST_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate")
-CONTROLS_BY_SUITE = suite_table({"ci": ("reference", "eager-loop"), "nightly": ("triton",)}, what="selftest controls", partial=True)
-SUITE_FOR = suite_table({"smoke": "ci", "ci": "ci", "nightly": "nightly"}, what="selftest suites", partial=True)
-"""Selftest suite used for a report suite: smoke reports run the fast ``ci`` selftest (none for ``ultra``)."""
+CONTROLS_BY_SUITE = suite_table({"smoke": ("reference", "eager-loop"), "ci": ("reference", "eager-loop"), "nightly": ("triton",)},
+                                what="selftest controls", partial=True)  # fmt: skip
+SUITE_FOR = suite_table({"smoke": "smoke", "ci": "ci", "nightly": "nightly"}, what="selftest suites", partial=True)
+"""Selftest suite used for a report suite: each its own (none for ``ultra``); smoke's cases kill
+every built-in mutant too."""
+SELFTEST_SUITES: tuple[str, ...] = tuple(s.value for s in SUITE_FOR)
+"""Suites ``moe-fq-parity selftest --suite`` takes."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
 
     from .hook_mutants import HOOK_MUTANTS, run_hook_mutants
 
+    if suite not in SELFTEST_SUITES:
+        raise ValueError(f"no selftest for suite {suite!r}; choose one of {list(SELFTEST_SUITES)}")
     cases = suite_cases(suite)
     if case_ids:
         cases = tuple(parse_case(c) for c in case_ids)
