@@ -7,7 +7,8 @@ option ``tile_2d`` (NVFP4 16x16), whose 2D-tile cases are added here while the g
 several tiles in each expert and end in a partial tile in both dims (MX and 2D tiles zero-pad it;
 ``reference.mx`` states which upstream refuses it instead).
 
-* ``smoke``: one stacked ``tile_edges`` case per format (default variant, 1D and 2D tiles).
+* ``smoke``: every variant on ``tile_edges``, the default variant's ``tile_specials`` and ``zeros``,
+  every bool option (see ``smoke``).
 * ``ci``: every variant on ``tile_edges`` (1D and 2D) and ``tile_specials`` (1D); the default variant
   on the generic distributions, the list / ragged / empty-expert layouts, fp16 and fp32, N = 4, 8, 16;
   every bool option (``fp32_scale``, fp32 input included).
@@ -75,11 +76,27 @@ def _make(fmt: str, variant: str, opts: tuple, **kw) -> list[Entry]:
 
 
 def smoke() -> list[Entry]:
+    """Small (two experts, one for 128x128 tiles) and enough to kill every block-scaled mutant
+    (``moe-fq-parity selftest --suite smoke``): every variant on its tile boundaries (the default
+    variant in 1D and 2D, the others in their first layout), the default variant's specials and zero
+    tiles, fp16 boundaries, and every bool option on fp32 boundaries."""
     out: list[Entry] = []
     for fmt in tiled_formats():
-        v = variants(fmt)[0]
-        for opts in _layouts(fmt, v):
-            out += _make(fmt, v, opts, layout="stacked", n=_n(fmt, opts, 4), shape=_shape(fmt, opts), dist="tile_edges")
+        default = variants(fmt)[0]
+        for var in variants(fmt):
+            layouts = _layouts(fmt, var)
+            for opts in layouts if var == default else layouts[:1]:
+                out += _make(fmt, var, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist="tile_edges")
+        for opts, dist in product(_layouts(fmt, default)[:1], ("tile_specials", "zeros")):
+            out += _make(fmt, default, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist=dist)
+        for opts in _layouts(fmt, default)[:1]:  # fp16 input: amax values that bf16 would round
+            out += _make(fmt, default, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist="tile_edges", dtype="fp16")
+        for o in format_spec(fmt).options:
+            if o.type is bool and o.name != "tile_2d" and o.code is not None:
+                for var in sorted(o.variants or variants(fmt)):
+                    opts = tuple(sorted(_layouts(fmt, var)[0] + ((o.name, True),)))
+                    out += _make(fmt, var, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist="tile_edges",
+                                 dtype="fp32")  # fp32 output shows a one-ulp op-order difference
     return out
 
 
