@@ -30,7 +30,7 @@ INT8 = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
 
 
 def _run(out: Path, *args: str) -> tuple[int, dict]:
-    rc = main(["run", "--no-progress", "--no-sections", "--out", str(out), *args])
+    rc = main(["run", "--no-progress", "--no-sections", "--no-perf", "--out", str(out), *args])  # the same records on a GPU host
     return rc, json.loads((out / "report.json").read_text())
 
 
@@ -129,7 +129,7 @@ def test_isolation_works_from_a_script_read_from_stdin(tmp_path):
     """Workers start like every harness process (``startable_main``): a parent read from stdin works."""
     script = (f"import sys; from moe_fq_parity.harness.run.cli import main\n"
               f"sys.exit(main(['run', '--no-progress', '--no-sections', '--case', {INT4!r}, '--backend', '{HOSTILE}:Segfaults', "
-              f"'--checks', 'forward', '--out', {str(tmp_path / 'stdin')!r}]))\n")
+              f"'--checks', 'forward', '--no-perf', '--out', {str(tmp_path / 'stdin')!r}]))\n")
     out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=REPO, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     report = json.loads((tmp_path / "stdin" / "report.json").read_text())
@@ -144,7 +144,7 @@ def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path):
 
     out = tmp_path / "term"
     proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--case", INT4, "--backend", f"{HOSTILE}:HangsUninterruptibly",
-                             "--timeout", "0", "--checks", "forward", "--no-sections", "--no-progress", "--out", str(out)],
+                             "--timeout", "0", "--checks", "forward", "--no-perf", "--no-sections", "--no-progress", "--out", str(out)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     end = time.monotonic() + 120
     while not (out / "report.json").exists():
