@@ -34,15 +34,24 @@ code 8 (``-0``).  This reference keeps ``-0.0`` (sign-preserving, like every oth
 like a hardware ``cvt`` to E2M1); the two differ only in the sign of a zero output, and only where
 ``v == -0.0``: input ``-0.0``, or a negative ``x`` whose ``x * es`` underflows.
 
-TE dequantizes NVFP4 itself in C++ (``common/cast/nvfp4/dequantize_nvfp4.cuh``) in another order::
+Variant ``te_qdq`` (what a Transformer Engine user gets from ``NVFP4Quantizer(x).dequantize()``):
+TE's quantize (steps 1-8 above) followed by TE's only NVFP4 dequantize, the C++ kernel
+``common/cast/nvfp4/dequantize_nvfp4.cuh`` (``final_scale = scale * amax * factor_inv`` with
+``factor_inv = 1 / (6 * 448)``; pinned by TE's ``tests/cpp/operator/test_dequantize_nvfp4.cu``).
+It rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale ``gd``::
 
-    y_te_cpp = RNE_dtype(RN(q * RN(RN(ds8 * g) * RN(1 / 2688))))
+    9'.  fs  = RN(RN(ds8 * g) * RN(1 / 2688))     RN(1/2688) = 3.7202382e-04 (0x39C30C31)
+    10'. y   = RN(q * fs);  out = RNE_dtype(y)
 
-i.e. it rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale
-``gd``.  The two orders round differently in general (each has 3 fp32 roundings before the cast);
-this reference keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies (its GEMM
-multiplies ``q * ds8`` and then the global decode scale), and states the C++ order here so a
-bit-level comparison with TE's ``dequantize()`` knows what it compares against.
+Both orders have three fp32 roundings before the cast and round differently in general: on the
+``te_dequant`` case of ``harness.sections.external.match_cases`` (327,712 calibrated bf16 elements)
+``te`` and ``te_qdq`` differ on 1,062 bf16 outputs (exact results that are bf16 ties: ``te_qdq``
+reaches them exactly and rounds to even, ``te`` lands an fp32 ulp off; e.g. global amax 18.375,
+block ``[2.625, 9.875, 0...]``: exact 2.4609375 and 9.84375, ``te_qdq`` 2.46875 and 9.875, ``te``
+2.453125 and 9.8125) and on 96,083 fp32 outputs.  ``g = 0`` gives ``fs = 0``: every output is a zero
+of its code's sign.  ``te`` keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies
+(its GEMM multiplies ``q * ds8`` and then the global decode scale).  The sign-of-zero note above
+holds for both.
 
 Variant ``modelopt_static`` (Model-Optimizer 0.47.0 ``static_blockwise_fp4_fake_quant`` on CUDA with
 ``quantize_block_scales=True``, read from ``tensor_quant.py`` (``StaticBlockwiseFP4FakeQuantFunction``),
@@ -119,8 +128,9 @@ def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int):
     return xf, g.unsqueeze(-1), to_blocks(xf, block_size)
 
 
-def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
-    """Default variant: Transformer Engine's reference recipe; see the module docstring."""
+def _te_quantize(x, amax, block_size: int):
+    """Steps 1-8 of the ``te`` variant: ``(q, v, ds8, gd, g)`` in fp32, blocked ``[..., nb, b]``
+    (``ds8`` ``[..., nb, 1]``; ``g`` the global amax, broadcastable against them)."""
     xf, g, xb = _prepare(x, amax, block_size)
     fmax = fp32_scalar_like(FP32_MAX, xf)
     ge = torch.minimum(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, xf) / g, fmax)
@@ -131,7 +141,23 @@ def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
     ds8 = round_to_e4m3(vmax * mult)
     es = torch.minimum(fp32_scalar_like(1.0, xf) / (ds8 * gd), fmax)
     v = xb * es
-    y = (round_to_e2m1(v) * ds8) * gd
+    return round_to_e2m1(v), v, ds8, gd, g
+
+
+def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
+    """Default variant: Transformer Engine's reference recipe; see the module docstring."""
+    q, v, ds8, gd, _ = _te_quantize(x, amax, block_size)
+    y = (q * ds8) * gd
+    n = x.shape[-1]
+    return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+
+
+def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
+    """Variant ``te_qdq``: TE's quantize (``te`` steps 1-8) then TE's C++ ``dequantize_nvfp4``
+    (steps 9'-10' of the module docstring): what a TE user gets from ``quantizer(x).dequantize()``."""
+    q, v, ds8, _, g = _te_quantize(x, amax, block_size)
+    fs = (ds8 * g) * torch.reciprocal(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, v))
+    y = q * fs
     n = x.shape[-1]
     return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
 
@@ -189,5 +215,5 @@ def nvfp4_tie_probe() -> dict[str, float]:
             "ieee_quotient": 5.0, "y_ieee": 3.75, "y_quotient_above": 5.625}
 
 
-VARIANTS = {"te": nvfp4_te, "modelopt_static": nvfp4_modelopt_static}
+VARIANTS = {"te": nvfp4_te, "te_qdq": nvfp4_te_qdq, "modelopt_static": nvfp4_modelopt_static}
 DEFAULT_VARIANT = "te"

@@ -17,11 +17,17 @@
   ``E * 2**k`` for every E4M3 value ``E`` (block amax ``6 E 2**k``), so each tie ``t E 2**k`` is
   exact; each block ends in ``-0.0``.  It holds the probe ``g = 2688``, block amax 5.625,
   ``x = 4.6875`` (``reference.nvfp4.nvfp4_tie_probe``);
+* ``te_dequant`` (NVFP4)   -- calibrated bf16 experts (``amax == max|x|``, TE's own amax) where
+  the ``te`` and ``te_qdq`` dequantization orders part: ``TE_DEQUANT_EXPERTS`` experts ``[128, 128]``
+  of random blocks at magnitudes ``1e-3 .. 1e3`` (every other one with a global amax ``c 2**k``,
+  ``c`` in ``TE_DEQUANT_AMAX_ODD``, where more exact results are bf16 ties), plus the expert
+  ``[2, 16]`` ``[[2.625, 9.875, 0...], [18.375, 0...]]`` whose results 2.4609375 and 9.84375 are exact
+  bf16 ties (``te`` lands an fp32 ulp below them and rounds down);
 * ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
   outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
 * ``calibrated``           -- one expert per bf16 amax ``m``: every finite bf16 ``|x| <= m``,
   zero-padded to ``[16k, 16]``, so ``amax == max|x|`` exactly as max calibration gives it.  With
-  ``calibrated_tiny`` the only cases for a backend that takes its amax from the data (its
+  ``calibrated_tiny`` (and NVFP4's ``te_dequant``) the only cases for a backend that takes its amax from the data (its
   ``calibrated_only`` formats);
 * ``calibrated_tiny``      -- the same for the tiny amax ``TINY_CALIBRATED_AMAX`` (``<= 2**-24``,
   one just above it, and an all-zero expert): the domain where "amax <= 2**-24 is 1" rules
@@ -30,6 +36,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -58,6 +65,10 @@ NVFP4_PAIRS = (8, 256)
 """``scale_pairs``: experts (one global amax each) x blocks per expert."""
 NVFP4_TIE_K = (-3, -2, -1, 0, 1, 2, 3)
 """``e2m1_ties``: one expert per global amax ``2688 * 2**k``."""
+TE_DEQUANT_EXPERTS = 20
+"""``te_dequant``: random experts ``[128, 128]`` (with the tie expert: 327,712 elements)."""
+TE_DEQUANT_AMAX_ODD = (21, 63, 147, 189)
+"""``te_dequant``: odd multiples of 21 = 2688 / 2**7 (``c 2**k``, 5-8 significant bits: bf16 values)."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +216,30 @@ def nvfp4_ties_case() -> Case:
     return make_case("e2m1_ties", weights, a, torch.stack(weights), a)
 
 
+def nvfp4_te_dequant_case(*, seed: int = 0) -> Case:
+    """``te_dequant`` (NVFP4): see the module docstring.  Expert ``i`` has magnitude
+    ``10**(-3 + 6 i / 19)``, each block ``randn * 10**U(-1, 0)`` of it; odd ``i`` get their largest
+    element replaced by ``+-c 2**k`` just above the old max, so the expert's amax is that value."""
+    gen = probes.generator(seed, "nvfp4/te_dequant")
+    weights = []
+    for i in range(TE_DEQUANT_EXPERTS):
+        mag = 10.0 ** (-3 + 6 * i / (TE_DEQUANT_EXPERTS - 1))
+        blocks = torch.randn(128 * 8, NVFP4_BLOCK, generator=gen) * (mag * 10.0 ** -torch.rand(128 * 8, 1, generator=gen))
+        w = blocks.reshape(128, 128).to(torch.bfloat16)
+        if i % 2:
+            flat = w.reshape(-1)
+            top = int(flat.to(torch.float32).abs().argmax())
+            c = TE_DEQUANT_AMAX_ODD[(i // 2) % len(TE_DEQUANT_AMAX_ODD)]
+            k = math.floor(math.log2(float(flat[top].abs()) / c)) + 1
+            flat[top] = math.copysign(c * 2.0**k, float(flat[top]))
+        weights.append(w)
+    tie = torch.zeros(2, NVFP4_BLOCK, dtype=torch.bfloat16)
+    tie[0, 0], tie[0, 1], tie[1, 0] = 2.625, 9.875, 18.375
+    weights.append(tie)
+    amax = torch.stack([w.to(torch.float32).abs().amax() for w in weights])
+    return make_case("te_dequant", weights, amax)
+
+
 def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> Case:
     """``calibrated``: ``CALIBRATED_AMAX`` plus up to ``n_split`` seeded random bf16 amax in
     ``[2**-8, 2**8]`` at which the reference variants' pre-round value of ``x = amax`` differ
@@ -255,6 +290,8 @@ def build_cases(
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
+    if fmt == "nvfp4":
+        calibrated.append(nvfp4_te_dequant_case(seed=seed))
     if calibrated_only:
         return calibrated
     if fmt == "nvfp4":

@@ -52,7 +52,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     **{("modelopt-eager", f): "eager" for f in ("int8", "int4", "fp8_e4m3")},
     ("te", "fp8_e4m3"): "cuda",
     ("te-current", "fp8_e4m3"): "te_current",
-    ("te", "nvfp4"): "te",
+    ("te", "nvfp4"): "te_qdq",
 }
 """The reference variant each external path is expected to match (docs/measured.md §5-§8 and the
 variants' docstrings).  ``te`` FP8 is handed the ``cuda`` scale (tiny amax as 1) by its adapter;
