@@ -86,17 +86,47 @@ approximate division (not correctly rounded), so a quotient that is exactly an E
 arithmetic (``.25 .75 1.25 1.75 2.5 3.5 5``) may come out one ulp off and round the other way.
 This reference keeps the IEEE quotient; ``nvfp4_tie_probe`` builds such an exact tie
 (``g = 2688``, block amax 5.625 -> sc = 0.9375, ``x = 4.6875`` -> ``a = 5.0`` -> ``q = 4``).
+
+Variant ``torchao`` (torchao 0.18.0 ``prototype/mx_formats/nvfp4_tensor.py``: ``NVFP4Tensor.to_nvfp4``
+with ``per_tensor_scale = per_tensor_amax_to_scale(g)``, i.e. ``nvfp4_quantize``'s two-level branch,
+then ``NVFP4Tensor.dequantize``; the order of its CPU torch code)::
+
+    1. pts  = RN(g / 2688)                  per-tensor scale
+    2. bs   = RN(vmax / 6)                  vmax = max |x| over the block
+    3. s8   = e4m3(clamp(RN(bs / pts), 2**-6, 448))    the scale never falls below 2**-6 (the
+                                            smallest normal E4M3): a zero block gets 2**-6, not 0
+    4. v    = RN(x * RN(RN(1 / pts) / s8))
+    5. q    = e2m1(v)                       ties to even, ±6 saturation, signed zeros kept
+    6. y    = RN(q * RN(pts * s8));  out = RNE_dtype(y)
+
+``g = 0`` makes ``pts = 0`` and ``RN(1/pts) = inf``: a zero block gets ``s8 = NaN`` (``0/0``) and
+NaN outputs; in any other block ``s8 = 448``, every zero element gives NaN (``0 * inf``) and every
+other element ``±0`` (``±6 * RN(0 * 448)``).  NaN outputs are the canonical NaN here; torchao's CPU
+cast keeps torch's NaN bits (``variant_match`` counts NaN payloads apart).  The same NaN arises at
+a tiny ``g`` whose ``RN(1/pts)`` overflows (``g`` below ``2688 / FP32_MAX``, about ``7.9e-36``): zero
+elements give ``0 * inf``.  There torchao differs from this variant: its E2M1 converter has no NaN
+(``f32_to_f4_unpacked`` works on the bits) and turns the NaN into a code, which its dequantize
+multiplies by ``RN(pts * s8)`` (0 or an fp32 subnormal): a finite output where this variant gives
+NaN (measured: 510 of the 112,896 elements of ``variant_match``'s ``calibrated_tiny`` case, at
+``g = 2**-133`` and ``2**-126``; every other element of the 821,472 NVFP4 match elements equal).
+torch's CUDA ``tensor / python-float`` multiplies by the reciprocal; steps 1-2 are true divisions as
+on the CPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .constants import FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
+from .constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_NORMAL_EXP, FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import cuda_core
 from .granularity import broadcast_amax, check_amax_values
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
+
+
+E4M3_MIN_NORMAL = 2.0**E4M3_MIN_NORMAL_EXP
+"""2**-6, the smallest normal E4M3 value: torchao's lower clamp of NVFP4 block scales (its ``E4M3_EPS``,
+``torch.finfo(torch.float8_e4m3fn).tiny``)."""
 
 
 def to_blocks(xf: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -162,6 +192,19 @@ def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
     return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
 
 
+def nvfp4_torchao(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
+    """Variant ``torchao``: torchao's two-level ``nvfp4_quantize`` and ``NVFP4Tensor.dequantize``;
+    see the module docstring."""
+    xf, g, xb = _prepare(x, amax, block_size)
+    pts = g / fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, xf)
+    bs = xb.abs().amax(dim=-1, keepdim=True) / fp32_scalar_like(E2M1_MAX, xf)
+    s8 = round_to_e4m3(torch.clamp(bs / pts, min=E4M3_MIN_NORMAL, max=E4M3_MAX))
+    v = xb * ((fp32_scalar_like(1.0, xf) / pts) / s8)
+    y = round_to_e2m1(v) * (pts * s8)
+    n = x.shape[-1]
+    return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+
+
 def static_block_scales(bamax: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``modelopt_static`` steps 1-6: fp32 E4M3-rounded block scales ``sc`` of block amax ``bamax``
     (``[..., n_blocks]``) under a global amax ``g`` that broadcasts against ``bamax`` (``g[..., None]``)."""
@@ -215,5 +258,5 @@ def nvfp4_tie_probe() -> dict[str, float]:
             "ieee_quotient": 5.0, "y_ieee": 3.75, "y_quotient_above": 5.625}
 
 
-VARIANTS = {"te": nvfp4_te, "te_qdq": nvfp4_te_qdq, "modelopt_static": nvfp4_modelopt_static}
+VARIANTS = {"te": nvfp4_te, "te_qdq": nvfp4_te_qdq, "modelopt_static": nvfp4_modelopt_static, "torchao": nvfp4_torchao}
 DEFAULT_VARIANT = "te"

@@ -33,6 +33,7 @@ from .match_cases import Case, build_cases
 from .modelopt_backend import modelopt_version
 from .registry import resolve
 from .te_backend import te_version
+from .torchao_backend import torchao_version
 from .variant_match import FormatMatch, match_variants
 from moe_fq_parity.harness.core.contract import backend_available
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
@@ -53,11 +54,15 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("te", "fp8_e4m3"): "cuda",
     ("te-current", "fp8_e4m3"): "te_current",
     ("te", "nvfp4"): "te_qdq",
+    ("torchao", "nvfp4"): "torchao",
+    **{(f"torchao-{m}" if m != "floor" else "torchao", f): f"torchao_{m}" for m in ("floor", "ceil", "even", "rceil") for f in ("mxfp8", "mxfp4")},
 }
 """The reference variant each external path is expected to match (docs/measured.md §5-§8 and the
 variants' docstrings).  ``te`` FP8 is handed the ``cuda`` scale (tiny amax as 1) by its adapter;
 ``te-current`` computes ``RN(448/amax)`` itself with no tiny-amax rule, which is ``cuda`` only for
-amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``)."""
+amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``).
+torchao's MX modes are expected to match variants ``torchao_<mode>`` (its exact rules: the OCP-named
+variants differ on Inf and code-0 blocks, see ``torchao_backend``)."""
 
 COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "per_case", "elements", "near_ties"]
 
@@ -162,6 +167,7 @@ def run(suite: str, seed: int, device: str) -> Section:
     for name, spec in BACKENDS.items():
         rows += backend_rows(name, spec, seed, sizes, device, cache)
     notes = (f"nvidia-modelopt {modelopt_version() or 'not installed'}; transformer_engine {te_version() or 'not importable'}; "
+             f"torchao {torchao_version() or 'not installed'}; "
              f"torch {torch.__version__}; 'modelopt' = CUDA extension (INT, FP8) and Triton (NVFP4) path, "
              f"'modelopt-eager' = its eager torch code on CPU; suite {suite}: {sizes}")
     return Section("external", "External implementations vs reference variants", COLUMNS, rows, notes)

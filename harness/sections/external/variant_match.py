@@ -15,7 +15,9 @@ round the other way.  Those mismatches are counted (``tie_flips``) and listed ap
 (``tie_offenders``, every one of them); a variant whose only mismatches are exact-tie flips is
 ``matched_up_to_ties``, never ``matched``.
 
-Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``.
+Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``;
+``--backend torchao`` runs every member of the family ``FAMILIES["torchao"]`` (its four MX scale
+modes and its NVFP4) on the same cases.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from moe_fq_parity.harness.core.records import Offender
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
 from moe_fq_parity.reports.schema import dumps
 
-from . import probes
+from . import FAMILIES, probes
 from .match_cases import Case, build_cases
 
 DEFAULT_CAP = MAX_OFFENDERS
@@ -143,7 +145,8 @@ class FormatMatch:
 
 def _run_backend(backend: object, case: Case, fmt: str, options: dict) -> torch.Tensor:
     dev = backend_device(backend)
-    outs = backend.fake_quant([w.to(dev) for w in case.weights], case.amax.to(dev), fmt, **options)
+    amax = None if case.amax is None else case.amax.to(dev)
+    outs = backend.fake_quant([w.to(dev) for w in case.weights], amax, fmt, **options)
     return torch.cat([o.detach().reshape(-1).cpu() for o in outs])
 
 
@@ -293,7 +296,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .registry import load_backend
 
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
-    p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, the built-ins) or module:object")
+    p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, "
+                   "torchao, torchao-ceil, torchao-even, torchao-rceil, the built-ins), module:object, or a family "
+                   "(" + "; ".join(f"{k}: {' '.join(v)}" for k, v in FAMILIES.items()) + ")")
     p.add_argument("--format", dest="fmt", action="append", help="format (repeatable); default: all the backend runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ties", type=int, default=200)
@@ -305,25 +310,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tie-probe", action="store_true",
                    help="NVFP4: also run the exact-tie probe (reference.nvfp4.nvfp4_tie_probe) and print what the backend gives")
     args = p.parse_args(argv)
-    backend, why = load_backend(args.backend)
-    if backend is None:
-        print(f"{args.backend}: unavailable: {why}")
-        return 2
-    results = []
-    for fmt in args.fmt or sorted(backend.formats):
-        probe = getattr(backend, "format_available", None)
-        fok, fwhy = probe(fmt) if callable(probe) else (True, "")
-        if not fok:
-            print(f"{getattr(backend, 'name', args.backend)} {fmt}: not run here: {fwhy}")
-            continue
-        opts = {"narrow_range": True} if args.narrow_range and reference.format_spec(fmt).option("narrow_range") else {}
-        m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
-        print("\n".join(summary_lines(m, offenders=args.show)))
-        results.append(m.to_json())
-        if args.tie_probe and fmt == "nvfp4":
-            probe_result = tie_probe(backend)
-            print("tie probe: " + ", ".join(f"{k}={v!r}" for k, v in probe_result.items()))
-            results.append({"backend": getattr(backend, "name", args.backend), "tie_probe": probe_result})
+    names = FAMILIES.get(args.backend, (args.backend,))
+    results: list[dict[str, Any]] = []
+    shared: dict[str, list[Case]] = {}
+    for name in names:
+        backend, why = load_backend(name)
+        if backend is None:
+            print(f"{name}: unavailable: {why}")
+            if len(names) > 1 and name != names[0]:
+                continue
+            return 2
+        for fmt in args.fmt or sorted(backend.formats):
+            if len(names) > 1 and fmt not in backend.formats:
+                print(f"{getattr(backend, 'name', name)} {fmt}: not run: {name} has no {fmt} path")
+                continue
+            probe = getattr(backend, "format_available", None)
+            fok, fwhy = probe(fmt) if callable(probe) else (True, "")
+            if not fok:
+                print(f"{getattr(backend, 'name', name)} {fmt}: not run here: {fwhy}")
+                continue
+            opts = {"narrow_range": True} if args.narrow_range and reference.format_spec(fmt).option("narrow_range") else {}
+            cases = None
+            if fmt not in getattr(backend, "calibrated_only", ()) and not opts:
+                if fmt not in shared:
+                    shared[fmt] = build_cases(fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split)
+                cases = shared[fmt]
+            m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap,
+                               cases=cases, **opts)
+            print("\n".join(summary_lines(m, offenders=args.show)))
+            results.append(m.to_json())
+            if args.tie_probe and fmt == "nvfp4":
+                probe_result = tie_probe(backend)
+                print("tie probe: " + ", ".join(f"{k}={v!r}" for k, v in probe_result.items()))
+                results.append({"backend": getattr(backend, "name", name), "tie_probe": probe_result})
     if args.json:
         with open(args.json, "w") as fh:
             fh.write(dumps(results))

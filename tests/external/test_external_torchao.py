@@ -1,0 +1,135 @@
+"""torchao (``prototype.mx_formats``) as external backends: availability, contract, and the verdicts
+``variant_match`` gives for its NVFP4 and its four MX scale modes.
+
+torchao is an optional extra (``pip install 'moe-fq-parity[torchao]'``): without it these tests skip
+with that command.  The MX tests need the ``mxfp8``/``mxfp4`` formats in the registry.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_fq_parity import reference
+from moe_fq_parity.harness.sections.external import BACKENDS, FAMILIES, INSTALL_HINTS, torchao_backend
+from moe_fq_parity.harness.sections.external.match_cases import build_cases, make_case
+from moe_fq_parity.harness.sections.external.variant_match import main, match_variants
+
+
+@pytest.fixture(scope="module")
+def ao():
+    ok, why = torchao_backend.torchao.available()
+    if not ok:
+        pytest.skip(why)
+    return torchao_backend
+
+
+def _mx(fmt: str) -> None:
+    if fmt not in reference.FORMATS:
+        pytest.skip(f"the {fmt} format is not registered in reference.FORMATS")
+
+
+def test_registered_with_its_install_hint():
+    assert FAMILIES["torchao"] == ("torchao", "torchao-ceil", "torchao-even", "torchao-rceil")
+    for name in FAMILIES["torchao"]:
+        assert BACKENDS[name].endswith(name.replace("-", "_"))
+        assert INSTALL_HINTS[name] == "pip install 'moe-fq-parity[torchao]'"
+
+
+def test_unavailable_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(torchao_backend, "_torchao", lambda: ({}, f"import torchao failed: absent ({torchao_backend.INSTALL})"))
+    ok, why = torchao_backend.TorchaoBackend("ceil").available()
+    assert not ok and "pip install 'moe-fq-parity[torchao]'" in why
+
+
+@pytest.fixture(scope="module")
+def nvfp4_cases():
+    return {c.name: c for c in build_cases("nvfp4") if c.name in ("scale_pairs", "e2m1_ties", "calibrated_tiny")}
+
+
+def test_nvfp4_matches_the_torchao_variant_only(ao, nvfp4_cases):
+    """Block scales around E4M3 boundaries and exact E2M1 ties: torchao's NVFP4 is the ``torchao``
+    variant bit for bit and no other variant.  (``variant_match --backend torchao --format nvfp4``
+    runs all 821,472 NVFP4 match elements.)"""
+    m = match_variants(ao.torchao, "nvfp4", cases=[nvfp4_cases["scale_pairs"], nvfp4_cases["e2m1_ties"]], cap=2)
+    assert m.errors == () and m.matched == ("torchao",), {v: m.mismatches(v) for v in m.variant_names}
+
+
+def test_nvfp4_differs_only_where_the_global_reciprocal_overflows(ao, nvfp4_cases):
+    """The documented difference (``reference.nvfp4``, variant ``torchao``): at ``g < 2688 / FP32_MAX``
+    the variant's NaN (``0 * inf``) is a finite number in torchao (its E2M1 converter has no NaN)."""
+    c = nvfp4_cases["calibrated_tiny"]
+    limit = 2688 / torch.finfo(torch.float32).max
+    for w, g in zip(c.weights, c.amax):
+        got = ao.torchao.fake_quant([w], g.reshape(1), "nvfp4")[0].to(torch.float32)
+        want = reference.fake_quant(w, g, "nvfp4", "torchao").to(torch.float32)
+        differ = ~((got == want) & (torch.signbit(got) == torch.signbit(want)) | (torch.isnan(got) & torch.isnan(want)))
+        if float(g) >= limit or float(g) == 0:
+            assert not differ.any(), (float(g), int(differ.sum()))
+        else:
+            assert differ.any() and torch.isnan(want[differ]).all() and torch.isfinite(got[differ]).all(), float(g)
+
+
+def test_nvfp4_declines_what_torchao_refuses(ao):
+    w = torch.ones(2, 24, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="multiple of 16"):
+        ao.torchao.fake_quant([w], torch.tensor([1.0]), "nvfp4")
+    with pytest.raises(NotImplementedError, match="bf16 or fp32"):
+        ao.torchao.fake_quant([torch.ones(2, 16, dtype=torch.float16)], torch.tensor([1.0]), "nvfp4")
+    with pytest.raises(TypeError, match="does not take"):
+        ao.torchao.fake_quant([torch.ones(2, 16)], torch.tensor([1.0]), "nvfp4", narrow_range=True)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
+def test_rceil_is_the_te_rule_on_bf16(ao, fmt):
+    """torchao RCEIL's CPU path (division, ``ceil(log2)``, Inf -> 254, reciprocal 1 at code 0) equals
+    the ``te`` variant on every bf16 block case (E8M0 boundaries, zero/Inf/NaN/denormal blocks)."""
+    _mx(fmt)
+    cases = [c for c in build_cases(fmt) if c.weights[0].dtype == torch.bfloat16 and c.name != "blocks/all_bf16"]
+    m = match_variants(ao.torchao_rceil, fmt, cases=cases, cap=2)
+    assert "te" in m.matched, {v: m.mismatches(v) for v in m.variant_names}
+
+
+@pytest.mark.parametrize("mode", ["floor", "ceil"])
+def test_floor_and_ceil_differ_from_the_ocp_rule_only_on_inf_and_code0_blocks(ao, mode):
+    """FLOOR/CEIL = the ``floor``/``ceil`` variants except (a) a block holding +-Inf: torchao takes the
+    Inf's exponent field (code 247 for E4M3, not NaN), (b) a block whose code is 0: torchao divides
+    by 2**-126 (its fp32 scale clamped to the smallest normal) and multiplies back by 2**-127."""
+    _mx("mxfp8")
+    backend = ao.TorchaoBackend(mode)
+    normal = torch.tensor([[1.0, -3.5, 448.0] + [0.25] * 29], dtype=torch.bfloat16)
+    inf_block = normal.clone()
+    inf_block[0, 1] = float("inf")
+    tiny = (normal.to(torch.float32) * 2.0**-125).to(torch.bfloat16)  # amax 2**-116.2: code 0 under both rules
+    for w, differs in ((normal, False), (inf_block, True), (tiny, True)):
+        got = backend.fake_quant([w], None, "mxfp8")[0]
+        want = reference.fake_quant(w, None, "mxfp8", mode)
+        same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+        assert same != differs, (mode, w, got, want)
+    got = backend.fake_quant([inf_block], None, "mxfp8")[0]
+    assert got[0, 1] == float("inf") and not torch.isnan(got).any()
+    assert torch.equal(backend.fake_quant([tiny], None, "mxfp8")[0], (reference.fake_quant(tiny, None, "mxfp8", mode).float() / 2).to(torch.bfloat16)) or mode == "ceil"
+
+
+def test_mx_declines_what_torchao_refuses(ao):
+    _mx("mxfp8")
+    with pytest.raises(NotImplementedError, match="multiple of 32"):
+        ao.torchao.fake_quant([torch.ones(2, 48, dtype=torch.bfloat16)], None, "mxfp8")
+    with pytest.raises(NotImplementedError, match="32x32"):
+        ao.torchao.fake_quant([torch.ones(32, 32, dtype=torch.bfloat16)], None, "mxfp8", tile_2d=True)
+    with pytest.raises(ValueError, match="takes no amax"):
+        ao.torchao.fake_quant([torch.ones(2, 32, dtype=torch.bfloat16)], torch.tensor([1.0]), "mxfp8")
+
+
+def test_variant_match_cli_runs_the_family(ao, capsys, monkeypatch, nvfp4_cases):
+    """``--backend torchao --format nvfp4`` runs every member on one set of cases (here the exact-tie
+    case alone); the MX-only members say they have no NVFP4."""
+    from moe_fq_parity.harness.sections.external import variant_match
+
+    built = []
+    monkeypatch.setattr(variant_match, "build_cases", lambda fmt, **kw: built.append(fmt) or [nvfp4_cases["e2m1_ties"]])
+    assert main(["--backend", "torchao", "--format", "nvfp4", "--show", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "torchao nvfp4 : matched ['torchao']" in out and built == ["nvfp4"]
+    for name in ("torchao-ceil", "torchao-even", "torchao-rceil"):
+        assert f"{name} nvfp4: not run: {name} has no nvfp4 path" in out or f"{name}: unavailable: {name} runs MX only" in out
