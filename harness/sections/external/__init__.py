@@ -8,6 +8,7 @@ matched which reference variant:
 * ``modelopt-eager``  -- the same public functions on CPU tensors: its eager torch code;
 * ``te``, ``te-current`` -- Transformer Engine's own quantizers (delayed / current scaling),
   quantize -> dequantize;
+* ``modelopt-mx``     -- Model-Optimizer's ``MXFP8QTensor`` / ``MXFP4QTensor`` quantize -> dequantize on CPU;
 * ``torchao``, ``torchao-ceil``, ``torchao-even``, ``torchao-rceil`` -- torchao's
   ``prototype.mx_formats`` MX quantize -> dequantize, one per ``ScaleCalculationMode`` (``torchao``:
   FLOOR, its default, and its NVFP4), on CPU.
@@ -30,6 +31,7 @@ BACKENDS: dict[str, str] = {
     "modelopt-eager": "moe_fq_parity.harness.sections.external.modelopt_backend:modelopt_eager",
     "te": "moe_fq_parity.harness.sections.external.te_backend:te",
     "te-current": "moe_fq_parity.harness.sections.external.te_backend:te_current",
+    "modelopt-mx": "moe_fq_parity.harness.sections.external.modelopt_mx_backend:modelopt_mx",
     **{n: f"moe_fq_parity.harness.sections.external.torchao_backend:{n.replace('-', '_')}" for n in TORCHAO_BACKENDS},
 }
 """External backend name -> ``module:object``, in report order."""
@@ -39,6 +41,7 @@ INSTALL_HINTS: dict[str, str] = {
     "modelopt-eager": "pip install 'moe-fq-parity[modelopt]'",
     "te": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
     "te-current": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
+    "modelopt-mx": "pip install 'moe-fq-parity[modelopt]'",
     **{n: "pip install 'moe-fq-parity[torchao]'" for n in TORCHAO_BACKENDS},
 }
 """What makes each external backend available, shown next to its reason when it is not."""

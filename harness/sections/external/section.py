@@ -55,6 +55,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("te-current", "fp8_e4m3"): "te_current",
     ("te", "nvfp4"): "te_qdq",
     ("torchao", "nvfp4"): "torchao",
+    **{("modelopt-mx", f): "modelopt" for f in ("mxfp8", "mxfp4")},
     **{(f"torchao-{m}" if m != "floor" else "torchao", f): f"torchao_{m}" for m in ("floor", "ceil", "even", "rceil") for f in ("mxfp8", "mxfp4")},
 }
 """The reference variant each external path is expected to match (docs/measured.md §5-§8 and the

@@ -70,6 +70,17 @@ def _torchao() -> tuple[dict[str, Any], str]:
     return found, ""
 
 
+def check_mx_call(name: str, upstream: str, fmt: str, amax: Optional[torch.Tensor], opts: dict) -> None:
+    """The MX call of a backend with 1x32 blocks only: ``tile_2d`` is declined (``NotImplementedError``),
+    any other option is a ``TypeError``, an amax a ``ValueError`` (MX scales come from the data)."""
+    if opts.pop("tile_2d", False):
+        raise NotImplementedError(f"{upstream} has 1x32 blocks along the last dim only (no 32x32 tiles)")
+    if opts:
+        raise TypeError(f"{name} {fmt} does not take option(s) {sorted(opts)}")
+    if amax is not None:
+        raise ValueError(f"{fmt} takes no amax (its scales come from the data); pass amax=None")
+
+
 class TorchaoBackend:
     """torchao with one ``ScaleCalculationMode`` (``mode`` in ``MODES``) as a contract backend."""
 
@@ -120,12 +131,7 @@ class TorchaoBackend:
             if amax is None or amax.dim() != 1 or amax.numel() != len(weights):
                 raise ValueError(f"{self.name} nvfp4 takes one global amax per expert ([N] with N = {len(weights)})")
             return [self._nvfp4(found, w, a) for w, a in zip(weights, amax)]
-        if opts.pop("tile_2d", False):
-            raise NotImplementedError("torchao's to_mx has 1x32 blocks along the last dim only (no 32x32 tiles)")
-        if opts:
-            raise TypeError(f"{self.name} {fmt} does not take option(s) {sorted(opts)}")
-        if amax is not None:
-            raise ValueError(f"{fmt} takes no amax (its scales come from the data); pass amax=None")
+        check_mx_call(self.name, "torchao's to_mx", fmt, amax, opts)
         return [self._mx(found, w, fmt) for w in weights]
 
     def _check(self, w: torch.Tensor, block: int, fmt: str) -> None:
