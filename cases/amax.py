@@ -8,6 +8,7 @@
   (both sides of the INT zero-output and FP8 treat-as-one thresholds).
 * ``zero``   -- amax 0 on even experts (rows), calibrated max on the others.
 * ``design`` -- the amax the distribution constructed.
+* ``none``   -- no amax (``None``): the case's format derives its scales from the data (``from_data``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def _tiny_cycle(count: int, start: int) -> torch.Tensor:
     return options[(torch.arange(count) + start) % 4]
 
 
-def expert_amax(case: Case, i: int, x: torch.Tensor, design: Optional[torch.Tensor]) -> torch.Tensor:
-    """fp32 amax of expert ``i`` (``()`` per expert, ``[out]`` per channel) under ``case.amax``."""
+def expert_amax(case: Case, i: int, x: torch.Tensor, design: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """fp32 amax of expert ``i`` (``()`` per expert, ``[out]`` per channel) under ``case.amax``;
+    ``None`` under ``none``."""
+    if case.amax == "none":
+        return None
     rows = x.shape[0] if case.granularity == "per_channel" else 1
     if case.amax == "max":
         return _calibrated(case, x)

@@ -24,13 +24,15 @@ from moe_fq_parity.reference.formats import Option, case_options
 
 from .shapes import expert_shapes
 
-GRANULARITIES = ("per_expert", "per_channel")
+GRANULARITIES = ("per_expert", "per_channel", "from_data")
+"""``from_data``: the format takes no amax (``amax=None``); its scales come from the data per tile."""
 LAYOUTS = ("list", "stacked", "ragged")
 DTYPES = ("bf16", "fp16", "fp32")
-AMAX_POLICIES = ("max", "clip", "tiny", "zero", "design")
+AMAX_POLICIES = ("max", "clip", "tiny", "zero", "design", "none")
 """``max``: calibrated max |x| (finite values); ``clip``: a data value below the max, so values
 clip and some equal amax; ``tiny``: amax around 2**-24; ``zero``: amax 0 on every other expert;
-``design``: the amax the distribution constructed (tie distributions)."""
+``design``: the amax the distribution constructed (tie distributions); ``none``: no amax at all
+(granularity ``from_data``, and only there)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Case:
     says whether it is valid).
 
     * ``fmt``/``variant``: a format of ``reference.FORMATS`` and one of ``reference.variants(fmt)``.
-    * ``granularity``: ``per_expert`` (amax ``[N]``) or ``per_channel`` (amax ``[N, out]``).
+    * ``granularity``: ``per_expert`` (amax ``[N]``), ``per_channel`` (amax ``[N, out]``) or
+      ``from_data`` (amax ``None``: MX, FP8 block-wise; amax policy ``none``).
     * ``layout``: ``list`` (N separate tensors), ``stacked`` (views of one ``[N, out, in]``),
       ``ragged`` (experts of different shapes).
     * ``n``, ``shape``: number of experts and the (largest) per-expert ``(out, in)``.

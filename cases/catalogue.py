@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
+from . import block_scaled
 from .case import GRANULARITIES, Case
 from .distributions import DISTRIBUTIONS
 from .rules import make_case
@@ -54,6 +55,12 @@ def _applies(dist: str, fmt: str) -> bool:
     return dist not in DISTRIBUTIONS or DISTRIBUTIONS[dist].applies_to(fmt)
 
 
+def _amax_formats() -> list[str]:
+    """The registered formats that take an amax (the generic loops); ``cases.block_scaled`` adds the
+    formats with scales from the data and the 2D tiles."""
+    return [f for f in FORMATS if format_spec(f).takes_amax]
+
+
 def _taking(option: str) -> list[str]:
     """The registered formats whose default variant takes ``option``."""
     return [f for f in FORMATS if option in {o.name for o in format_spec(f).options_for()}]
@@ -67,6 +74,11 @@ def _entry(**kw) -> list[Case]:
         raise CatalogueError(f"the catalogue built an invalid case from {kw}: {exc}") from exc
 
 
+def _block_scaled(name: str) -> list[Case]:
+    """``cases.block_scaled``'s entries for suite ``name``, validated like every entry."""
+    return [c for kw in block_scaled.SUITE_HOOKS[name]() for c in _entry(**kw)]
+
+
 def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
     seen: dict[str, Case] = {}
     for c in cases:
@@ -77,12 +89,12 @@ def _unique(cases: Iterable[Case]) -> tuple[Case, ...]:
 def smoke() -> tuple[Case, ...]:
     """One small stacked case per format, plus its ties case and a ragged special case."""
     out: list[Case] = []
-    for fmt in FORMATS:
+    for fmt in _amax_formats():
         v = _default(fmt)
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="stacked", n=4, shape=(8, 40), dist="outliers")
         out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(8, 40), dist="ties", amax="design")
     out += _entry(fmt="int8", variant="cuda", granularity="per_expert", layout="ragged", n=4, shape=(7, 33), empty=1, dist="special", amax="design")
-    return _unique(out)
+    return _unique(out + _block_scaled("smoke"))
 
 
 _CI_DISTS = (("normal", "max"), ("normal", "clip"), ("outliers", "max"), ("spread", "max"), ("ties", "design"),
@@ -96,7 +108,7 @@ _CI_PER_CHANNEL = ("ties", "neartie", "edges", "special")
 def ci() -> tuple[Case, ...]:
     """The CPU tier (see the module docstring)."""
     out: list[Case] = list(smoke())
-    for fmt in FORMATS:
+    for fmt in _amax_formats():
         v = _default(fmt)
         for (dist, amax), gran in product(_CI_DISTS, _granularities(fmt)):
             if (gran == "per_channel" and dist not in _CI_PER_CHANNEL) or not _applies(dist, fmt):
@@ -118,7 +130,7 @@ def ci() -> tuple[Case, ...]:
             out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
     for fmt in _taking("block_size"):
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
-    return _unique(out)
+    return _unique(out + _block_scaled("ci"))
 
 
 def _nemotron_cases() -> list[Case]:
@@ -126,9 +138,9 @@ def _nemotron_cases() -> list[Case]:
     ep = {"nano": 4, "super": 16, "ultra": 32}
     for model, shapes in NEMOTRON.items():
         n = NEMOTRON_EXPERTS[model] // ep[model]
-        for (_, shape), fmt in product(shapes.items(), FORMATS):
+        for (_, shape), fmt in product(shapes.items(), _amax_formats()):
             out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
-        for fmt in FORMATS:
+        for fmt in _amax_formats():
             out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shapes["fc1"], dist="ties", amax="design")
     return out
 
@@ -137,20 +149,20 @@ def ultra() -> tuple[Case, ...]:
     """Upstream Ultra production case (N=32, [5120, 8192] bf16) and the routed Ultra shapes."""
     n, shape = ULTRA_PRODUCTION
     out: list[Case] = []
-    for fmt in FORMATS:
+    for fmt in _amax_formats():
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=shape, dist="outliers")
     n_routed = NEMOTRON_EXPERTS["ultra"] // 32
-    for (_, s), fmt in product(NEMOTRON["ultra"].items(), FORMATS):
+    for (_, s), fmt in product(NEMOTRON["ultra"].items(), _amax_formats()):
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n_routed, shape=s, dist="outliers")
-    return _unique(out)
+    return _unique(out + _block_scaled("ultra"))
 
 
 def nightly() -> tuple[Case, ...]:
     """Everything (see the module docstring)."""
     out: list[Case] = list(ci())
-    for fmt, n in product(FORMATS, N_VALUES):
+    for fmt, n in product(_amax_formats(), N_VALUES):
         out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=n, shape=(512, 1024), dist="normal")
-    for fmt, var in ((f, v) for f in FORMATS for v in variants(f)):
+    for fmt, var in ((f, v) for f in _amax_formats() for v in variants(f)):
         for (dist, amax), gran, shape in product(_CI_DISTS, _granularities(fmt), ODD_SHAPES[2:]):
             if not _applies(dist, fmt):
                 continue
@@ -158,7 +170,7 @@ def nightly() -> tuple[Case, ...]:
         out += _entry(fmt=fmt, variant=var, granularity="per_expert", layout="ragged", n=64, shape=(256, 200), empty=5, dist="outliers")
     out += _nemotron_cases()
     out += ultra()
-    return _unique(out)
+    return _unique(out + _block_scaled("nightly"))
 
 
 class Suite(str, Enum):

@@ -28,6 +28,8 @@ some also return the amax they were built for (``design`` amax policy):
 * ``nan``      -- NVFP4 only: NaN inputs, which the spec rejects (``ValueError``).
 * ``zeros``    -- all ±0 (calibrated amax = 0).
 * ``arange``   -- deterministic index-dependent values (expert, row, column) for indexing bugs.
+* ``tile_edges``, ``tile_specials`` -- one designed pattern per scale tile of the formats with
+  scales per tile (``cases.tile_data``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from moe_fq_parity.reference.formats import FORMATS, FormatSpec, format_spec
 from moe_fq_parity.reference.rounding import exact_pow2
 
 from .case import Case
+from .tile_data import tile_edges, tile_specials, tiled, tiled_with_nan
 from .grids import block_scale_midpoints, grid_points, midpoints, scale_numerator
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -351,7 +354,7 @@ def _arange(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:
 
 
 def _single_scale(spec: FormatSpec) -> bool:
-    return spec.block is None
+    return spec.block is None and spec.tiles is None
 
 
 DISTRIBUTIONS: dict[str, Distribution] = {
@@ -366,6 +369,8 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "nan": Distribution(_nan, applies=lambda spec: spec.rejects_nan),
     "zeros": Distribution(_zeros),
     "arange": Distribution(_arange),
+    "tile_edges": Distribution(lambda c, g, s: Generated(tile_edges(c, g, s, _dtype(c))), applies=tiled),
+    "tile_specials": Distribution(lambda c, g, s: Generated(tile_specials(c, g, s, _dtype(c))), applies=tiled_with_nan),
 }
 """``outties``/``neartie`` need one encode scale per expert/row (no block scales: INT, FP8);
 ``nan`` is for formats that reject NaN input (NVFP4), where the check is that it is rejected."""

@@ -46,7 +46,7 @@ class CaseInputs:
 
     * ``weights``: N tensors ``[out_i, in_i]`` of the case dtype (views of ``stacked`` when the layout
       is ``stacked``);
-    * ``amax``: fp32 ``[N]`` (per expert) or ``[N, out]`` (per channel);
+    * ``amax``: fp32 ``[N]`` (per expert) or ``[N, out]`` (per channel); ``None`` (``from_data``);
     * ``grads``: N output gradients like ``weights`` (for the backward checks);
     * ``stacked``: the ``[N, out, in]`` tensor for the stacked layout, else ``None``.
     """
@@ -54,9 +54,14 @@ class CaseInputs:
     case: Case
     seed: int
     weights: list[torch.Tensor]
-    amax: torch.Tensor
+    amax: Optional[torch.Tensor]
     grads: list[torch.Tensor]
     stacked: Optional[torch.Tensor]
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the case's tensors."""
+        return self.amax.device if self.amax is not None else self.weights[0].device
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +82,8 @@ def make_inputs(case: Case, global_seed: int = DEFAULT_SEED, device: str | torch
     with torch.device(where):  # factory functions in the distributions follow the generator's device
         gen_out = generate(case, gen, shapes)
         design = gen_out.design_amax or [None] * len(shapes)
-        amax = torch.stack([expert_amax(case, i, x, d) for i, (x, d) in enumerate(zip(gen_out.values, design))])
+        per = [expert_amax(case, i, x, d) for i, (x, d) in enumerate(zip(gen_out.values, design))]
+        amax = None if case.amax == "none" else torch.stack(per)
         grads = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
     if case.layout == "stacked":
         stacked = torch.stack([v.to(dtype) for v in gen_out.values]).to(dev)
@@ -85,4 +91,5 @@ def make_inputs(case: Case, global_seed: int = DEFAULT_SEED, device: str | torch
     else:
         stacked = None
         weights = [v.to(dtype).to(dev) for v in gen_out.values]
-    return CaseInputs(case, seed, weights, amax.to(torch.float32).to(dev), [g.to(dev) for g in grads], stacked)
+    amax = None if amax is None else amax.to(torch.float32).to(dev)
+    return CaseInputs(case, seed, weights, amax, [g.to(dev) for g in grads], stacked)

@@ -79,6 +79,8 @@ def problems(case: Case) -> list[str]:
         out.append("per_channel amax [N, out] needs every expert to have the same rows (no ragged/empty)")
     if case.amax not in AMAX_POLICIES:
         out.append(f"amax={case.amax!r} not in {AMAX_POLICIES}")
+    elif (case.granularity == "from_data") != (case.amax == "none"):
+        out.append("granularity 'from_data' (no amax) goes with amax policy 'none', and only with it")
     out += _distribution_problems(case)
     if case.seed < 0:
         out.append(f"seed={case.seed} must be >= 0")

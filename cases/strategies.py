@@ -47,21 +47,24 @@ def _draw_case(draw, *, formats, all_variants, granularities, layouts, dists, am
     spec = format_spec(fmt)
     variant = draw(st.sampled_from(variants(fmt) if all_variants else variants(fmt)[:1]))
     gran_ok = [g for g in granularities if g in spec.amax_granularities]
-    gran = draw(st.sampled_from(gran_ok or ["per_expert"]))
+    gran = draw(st.sampled_from(gran_ok or [next(g for g in GRANULARITIES if g in spec.amax_granularities)]))
     layout_ok = [lay for lay in layouts if not (gran == "per_channel" and lay == "ragged")]
     layout = draw(st.sampled_from(layout_ok or ["stacked"]))
     n = draw(st.integers(1, max_n))
     shape = (draw(st.integers(1, max_rows)), draw(st.integers(1, max_cols)))
-    dist_ok = [d for d in dists if DISTRIBUTIONS[d].applies_to(fmt)]
+    no_amax = gran == "from_data"  # a format without amax: policy "none", no designed-amax distribution
+    dist_ok = [d for d in dists if DISTRIBUTIONS[d].applies_to(fmt) and not (no_amax and DISTRIBUTIONS[d].design_only)]
     dist = draw(st.sampled_from(dist_ok or ["normal"]))
     designed = DISTRIBUTIONS[dist].designs_amax
-    if DISTRIBUTIONS[dist].design_only:
+    if no_amax:
+        amax_ok = ["none"]
+    elif DISTRIBUTIONS[dist].design_only:
         amax_ok = ["design"]
     else:
-        amax_ok = [a for a in amax_policies if a != "design" or designed] or ["max"]
+        amax_ok = [a for a in amax_policies if a not in ("design", "none") or (a == "design" and designed)] or ["max"]
     amax = draw(st.sampled_from(amax_ok))
     empty = 0
-    if layout != "stacked" and gran == "per_expert" and n > 1:
+    if layout != "stacked" and gran in ("per_expert", "from_data") and n > 1:
         empty = draw(st.integers(0, n - 1))
     opts: list[tuple[str, object]] = []
     for opt in spec.options_for(variant) if options else ():
@@ -99,7 +102,8 @@ def cases(
     * ``all_variants``: draw every reference variant (``False``: the default variant only).
     * ``granularities``, ``layouts``, ``dtypes``: subsets of the ``cases.case`` constants.
     * ``dists``: distribution names (default: all); ``amax_policies``: amax policy names.
-      Distributions built for a designed amax (``ties``, ``outties``) always use ``design``.
+      Distributions built for a designed amax (``ties``, ``outties``) always use ``design``; formats
+      without amax (MX, FP8 block-wise) always draw granularity ``from_data`` and policy ``none``.
     * ``max_n``, ``max_rows``, ``max_cols``: upper bounds of N and of the per-expert shape (>= 1).
     * ``max_seed``: upper bound of the case seed index (>= 0).
     * ``options``: also draw the format's case options (registry ``Option``s with a code: bools,

@@ -37,6 +37,21 @@ _IMPLEMENTED: dict[str, tuple[int, str]] = {
 The kernel's own declaration: a format registered in ``reference.formats`` is not implemented
 here until it is listed."""
 
+DECLINED: dict[str, str] = {
+    "mxfp8": "MX (E8M0 block scales from the data) is in the reference spec, not yet in the kernel",
+    "mxfp4": "MX (E8M0 block scales from the data) is in the reference spec, not yet in the kernel",
+    "fp8_block": "FP8 block-wise (1x128 / 128x128 tile scales from the data) is in the reference spec, not yet in the kernel",
+}
+"""Registered formats the kernels decline, with the reason (``decline_reason``)."""
+
+
+def decline_reason(fmt: str) -> str:
+    """Why the kernels do not implement the registered format ``fmt`` (``""`` when they do)."""
+    if fmt in _IMPLEMENTED:
+        return ""
+    return DECLINED.get(fmt, f"{fmt} is not implemented by the kernels")
+
+
 DEFAULT_VARIANTS: dict[str, str] = {f: v for f, (_, v) in _IMPLEMENTED.items()}
 """The reference variant each kernel format reproduces bit for bit."""
 FORMATS: tuple[str, ...] = tuple(_IMPLEMENTED)
@@ -77,7 +92,7 @@ def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
     """
     spec = format_spec(fmt)
     if fmt not in _IMPLEMENTED:
-        raise ValueError(f"the kernels do not implement the format {fmt!r}; they implement {FORMATS}")
+        raise ValueError(f"the kernels do not implement the format {fmt!r} ({decline_reason(fmt)}); they implement {FORMATS}")
     code, implemented = _IMPLEMENTED[fmt]
     if variant not in (None, "default", implemented):
         raise ValueError(f"the kernel implements only the default variant {implemented!r} of {fmt}, got {variant!r}")
@@ -88,6 +103,8 @@ def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
         return QuantSpec(fmt, FMT_INT, lo, qmax, unsigned)
     if code == FMT_FP8:
         return QuantSpec(fmt, FMT_FP8)
+    if options.get("tile_2d"):
+        raise ValueError("the nvfp4 kernel implements 1x16 blocks only, not the 16x16 tiles of tile_2d=True")
     block = options.get("block_size", NVFP4_BLOCK)
     if block != NVFP4_BLOCK:
         raise ValueError(f"the nvfp4 kernel implements block_size={NVFP4_BLOCK} only, got {block!r}")

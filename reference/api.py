@@ -9,7 +9,7 @@ the wrong type, raise ``TypeError`` naming them; nothing is silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -34,23 +34,26 @@ def _variant_fn(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | No
     spec = format_spec(fmt)
     name = spec.resolve_variant(variant)
     spec.check_options(name, options)
-    if isinstance(amax, torch.Tensor):
+    if amax is None or isinstance(amax, torch.Tensor):
         check_input(x)
         spec.check_granularity(granularity_of(x, amax))
     return spec.variants[name]
 
 
-def fake_quant_traced(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> FakeQuantResult:
+def fake_quant_traced(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant: str | None = None, **options) -> FakeQuantResult:
     """Like ``fake_quant`` but returns the full ``FakeQuantResult`` (pre-rounding values too)."""
     return _variant_fn(x, amax, fmt, variant, options)(x, amax, **options)
 
 
-def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> torch.Tensor:
+def fake_quant(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant: str | None = None, **options) -> torch.Tensor:
     """Fake-quantize ``x`` (``[..., out, in]``) to ``fmt`` with ``amax``; output dtype = ``x.dtype``.
 
-    * ``fmt``: a registered format (``reference.FORMATS``: ``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``).
+    * ``fmt``: a registered format (``reference.FORMATS``: ``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``,
+      ``mxfp8``, ``mxfp4``, ``fp8_block``).
     * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``, where
-      the format takes it (``FormatSpec.amax_granularities``; NVFP4: per tensor or per expert).
+      the format takes it (``FormatSpec.amax_granularities``; NVFP4: per tensor or per expert);
+      ``None`` for a format whose scales come from the data (granularity ``from_data``: MX, FP8
+      block-wise), and only for those.
     * ``variant``: ``None``/``"default"`` or a name from ``variants(fmt)``.
     * ``options``: the format's options (``FormatSpec.options``: INT ``unsigned``, ``narrow_range``;
       NVFP4 ``block_size``, and ``block_amax`` for ``modelopt_static``), type-checked.
@@ -58,12 +61,15 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
     return fake_quant_traced(x, amax, fmt, variant, **options).out
 
 
-def split_expert_amax(weights: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
-    """Split ``[N]`` (per expert) or ``[N, out]`` (per channel) amax into one amax per expert.
+def split_expert_amax(weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """Split ``[N]`` (per expert) or ``[N, out]`` (per channel) amax into one amax per expert;
+    ``None`` (a format without amax) gives ``None`` for every expert.
 
     Raises ``ValueError`` when the amax does not fit the list (count or per-channel rows).
     """
     n = len(weights)
+    if amax is None:
+        return [None] * n
     if not isinstance(amax, torch.Tensor):
         raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
     if amax.dim() == 0 or amax.shape[0] != n:

@@ -27,6 +27,15 @@ NVFP4_BLOCK = 16
 NVFP4_GLOBAL_SCALE_NUM = E4M3_MAX * E2M1_MAX
 """2688.0 = 448 * 6: the global encode scale is RN(2688 / global_amax)."""
 
+MX_BLOCK = 32
+"""MX (OCP microscaling) block: 32 elements along in-features share one E8M0 scale; 2D: 32x32."""
+E8M0_BIAS = 127
+"""E8M0 scale code ``c`` (0..254) decodes to ``2**(c - 127)``; code 0 is ``2**-127`` (not zero)."""
+E8M0_NAN = 255
+"""The E8M0 code of NaN (the spec has no infinity and no zero)."""
+FP8_BLOCK = 128
+"""FP8 block-wise tiles: 1x128 along in-features, or 128x128."""
+
 TINY_AMAX = 2.0**-24
 """5.96e-08.  INT: amax < TINY_AMAX gives an all-zero output.  FP8: amax <= TINY_AMAX is treated as 1."""
 

@@ -5,14 +5,19 @@ A spec states what the rest of the package needs to know about a format:
 * ``variants`` (name -> the reference function of that op sequence) and ``default_variant``;
 * ``options``: the keyword options it takes, their types, the variants that take them and how a
   case id writes them (``Option``);
-* ``amax_granularities``: the amax it takes (NVFP4: a global amax, per tensor or per expert only);
+* ``amax_granularities``: the amax it takes (NVFP4: a global amax, per tensor or per expert only;
+  ``{"from_data"}``: no amax at all, ``amax=None``: MX and FP8 block-wise derive every scale from the
+  data);
+* ``tiles``: the layout of scales derived from the data per tile of the last two dims (``TileScaling``:
+  ``1 x size`` along in-features, or ``size_2d x size_2d`` with the option ``tile_2d``), if any;
 * ``grid``: the element grid in scaled units (``IntGrid`` of ``bits`` bits or a ``MinifloatGrid``)
   and so the scale numerator ``c`` of the encode scale ``s = RN(c / amax)`` (``scale_numerator``);
 * ``block``: two-level block scaling (NVFP4: 16-element blocks, E4M3 block scales), if any;
 * input rules: ``rejects_nan`` (NVFP4), and options after which negative input is rejected
   (``Option.nonnegative_input``: INT ``unsigned``).
 
-The numeric code of each format stays in its module (``int_quant``, ``fp8_e4m3``, ``nvfp4``), whose
+The numeric code of each format stays in its module (``int_quant``, ``fp8_e4m3``, ``nvfp4``, ``mx``,
+``fp8_block``), whose
 docstring is the format's numeric contract; this module only names and describes it.  The reference
 dispatch (``reference.api``), the cases, the harness, the self-test mutants and the kernels' option
 parsing ask the registry (``format_spec``, ``FORMATS``) instead of spelling format names.
@@ -27,23 +32,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Union
 
 import torch
 
-from . import fp8_e4m3, int_quant, nvfp4
+from . import fp8_block, fp8_e4m3, int_quant, mx, nvfp4
 from .constants import (
     E2M1_MAX,
     E4M3_MANTISSA_BITS,
     E4M3_MAX,
     E4M3_MIN_NORMAL_EXP,
+    FP8_BLOCK,
+    MX_BLOCK,
     NVFP4_BLOCK,
     NVFP4_GLOBAL_SCALE_NUM,
     int_bounds,
 )
-from .granularity import GRANULARITIES
+from .granularity import AMAX_GRANULARITIES, FROM_DATA, GRANULARITIES
 from .result import FakeQuantResult
 from .rounding import round_to_minifloat
 
@@ -107,6 +114,28 @@ class BlockScaling:
     scale_grid: MinifloatGrid
 
 
+@dataclass(frozen=True)
+class TileScaling:
+    """Scales that come from the data, one per tile of the last two dims ``[..., out, in]``: a tile is
+    ``1 x size`` along in-features, or ``size_2d x size_2d`` when the option ``tile_2d`` is set; a
+    partial tile is zero-padded (``reference.granularity.to_tiles``).  ``scale`` names the scale's
+    encoding (``"e8m0"``, ``"fp32 or pow2"``, ``"e4m3"``).  ``size_option`` names an int option that
+    replaces ``size`` (NVFP4 ``block_size``)."""
+
+    size: int
+    size_2d: Optional[int]
+    scale: str
+    size_option: Optional[str] = None
+
+    def tile(self, options: Mapping[str, object]) -> tuple[int, int]:
+        """The ``(rows, cols)`` tile for a case's options (``tile_2d``, and ``size_option`` if any)."""
+        if self.size_option is not None and self.size_option in options:
+            size = square = int(options[self.size_option])  # type: ignore[call-overload]
+        else:
+            size, square = self.size, self.size_2d or self.size
+        return (square, square) if options.get("tile_2d") is True else (1, size)
+
+
 # --- options ------------------------------------------------------------------------------------
 
 
@@ -164,8 +193,9 @@ class FormatSpec:
     variants: Mapping[str, VariantFn]
     default_variant: str
     options: tuple[Option, ...] = ()
-    amax_granularities: frozenset[str] = frozenset(GRANULARITIES)
+    amax_granularities: frozenset[str] = frozenset(AMAX_GRANULARITIES)
     block: Optional[BlockScaling] = None
+    tiles: Optional[TileScaling] = None
     global_scale_numerator: Optional[float] = None
     """``c`` of the global encode scale for block formats (NVFP4: ``448 * 6``)."""
     rejects_nan: bool = False
@@ -179,6 +209,8 @@ class FormatSpec:
             problems.append(f"default_variant {self.default_variant!r} is not one of the variants {tuple(self.variants)}")
         if not set(self.amax_granularities) <= set(GRANULARITIES) or not self.amax_granularities:
             problems.append(f"amax_granularities must be a non-empty subset of {GRANULARITIES}, got {sorted(self.amax_granularities)}")
+        elif FROM_DATA in self.amax_granularities and (len(self.amax_granularities) > 1 or self.tiles is None):
+            problems.append(f"{FROM_DATA!r} (no amax) is a format's only granularity, and needs tiles (TileScaling)")
         names = [o.name for o in self.options]
         if len(set(names)) != len(names):
             problems.append(f"options named twice: {names}")
@@ -238,10 +270,20 @@ class FormatSpec:
 
     # amax and scales
 
+    @property
+    def takes_amax(self) -> bool:
+        """Whether the format takes an amax argument (``False``: ``amax=None``, scales from the data)."""
+        return FROM_DATA not in self.amax_granularities
+
     def granularity_problem(self, granularity: str) -> Optional[str]:
         """``None`` when the format takes an amax of ``granularity``, else why not."""
         if granularity in self.amax_granularities:
             return None
+        if not self.takes_amax:
+            return f"{self.name} takes no amax (amax=None: its scales come from the data), not a {granularity.replace('_', '-')} one"
+        if granularity == FROM_DATA:
+            took = " or ".join(g.replace("_", "-") for g in GRANULARITIES if g in self.amax_granularities)
+            return f"{self.name} needs a {took} amax tensor, got amax=None"
         took = " or ".join(g.replace("_", "-") for g in GRANULARITIES if g in self.amax_granularities)
         glob = " global" if self.block is not None else ""
         return f"{self.name} takes a {took}{glob} amax, not a {granularity.replace('_', '-')} one"
@@ -253,7 +295,8 @@ class FormatSpec:
             raise ValueError(why)
 
     def scale_numerator(self, *, unsigned: bool = False) -> float:
-        """``c`` with encode scale ``s = RN(c / amax)``: INT qmax, FP8 448, NVFP4 448*6 (global scale)."""
+        """``c`` with encode scale ``s = RN(c / amax)``: INT qmax, FP8 448, NVFP4 448*6 (global scale);
+        a format with scales from the data: its element maximum (448, 6)."""
         if self.global_scale_numerator is not None:
             return self.global_scale_numerator
         if isinstance(self.grid, IntGrid):
@@ -353,6 +396,21 @@ def unregister_format(fmt: str) -> None:
     del _REGISTRY[fmt]
 
 
+def describe(fmt: str) -> str:
+    """One line about ``fmt`` for listings (``moe-fq-parity list``): variants (default first), the amax
+    it takes, its scale tiles and its options."""
+    spec = format_spec(fmt)
+    amax = ("none (amax=None: scales from the data)" if not spec.takes_amax
+            else "/".join(g for g in GRANULARITIES if g in spec.amax_granularities) + (" global" if spec.block is not None else ""))
+    parts = [f"variants {', '.join(spec.variant_names)}", f"amax {amax}"]
+    if spec.tiles is not None:
+        t2 = spec.tiles.tile({"tile_2d": True}) if spec.option("tile_2d") is not None else None
+        parts.append(f"{spec.tiles.scale} scale per 1x{spec.tiles.size}" + (f" or {t2[0]}x{t2[1]} (tile_2d)" if t2 else ""))
+    if spec.options:
+        parts.append("options " + ", ".join(o.name + (f" [{'/'.join(sorted(o.variants))}]" if o.variants else "") for o in spec.options))
+    return f"{fmt}: {spec.doc}; " + "; ".join(parts)
+
+
 def case_options() -> dict[str, Option]:
     """Every option a case id can carry (those with a ``code``), over the registered formats."""
     return {o.name: o for spec in _REGISTRY.values() for o in spec.options if o.code is not None}
@@ -360,6 +418,8 @@ def case_options() -> dict[str, Option]:
 
 # --- the built-in formats -----------------------------------------------------------------------
 
+_TILE_2D = Option("tile_2d", bool, "square tiles over the last two dims (the 2D weight layout) instead of 1 x size along in-features",
+                  code="2d")
 register_format(int_format("int8", 8))
 register_format(int_format("int4", 4))
 register_format(FormatSpec("fp8_e4m3", E4M3_GRID, fp8_e4m3.VARIANTS, fp8_e4m3.DEFAULT_VARIANT, doc="FP8 E4M3 (reference.fp8_e4m3)"))
@@ -368,11 +428,29 @@ register_format(FormatSpec(
     options=(
         Option("block_size", int, "elements per block along the last dim", code="bs", minimum=1, fuzz_values=(8, 32)),
         Option("block_amax", torch.Tensor, "per-block amax x.shape[:-1] + (n_blocks,)", variants=frozenset({"modelopt_static"})),
+        replace(_TILE_2D, variants=frozenset({"te", "te_qdq"})),
     ),
     amax_granularities=frozenset({"per_tensor", "per_expert"}),
     block=BlockScaling(NVFP4_BLOCK, E4M3_GRID),
+    tiles=TileScaling(NVFP4_BLOCK, NVFP4_BLOCK, "e4m3", size_option="block_size"),
     global_scale_numerator=NVFP4_GLOBAL_SCALE_NUM,
     rejects_nan=True,
     doc="NVFP4: E2M1 elements, E4M3 block scales, fp32 global scale (reference.nvfp4)",
+))
+register_format(FormatSpec(
+    "mxfp8", E4M3_GRID, mx.MXFP8_VARIANTS, mx.DEFAULT_VARIANT, options=(_TILE_2D,),
+    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(MX_BLOCK, MX_BLOCK, "e8m0"),
+    doc="MXFP8: E4M3 elements, one E8M0 scale per 32 along in-features or per 32x32 tile (reference.mx)",
+))
+register_format(FormatSpec(
+    "mxfp4", E2M1_GRID, mx.MXFP4_VARIANTS, mx.DEFAULT_VARIANT, options=(_TILE_2D,),
+    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(MX_BLOCK, MX_BLOCK, "e8m0"),
+    doc="MXFP4: E2M1 elements, one E8M0 scale per 32 along in-features or per 32x32 tile (reference.mx)",
+))
+register_format(FormatSpec(
+    "fp8_block", E4M3_GRID, fp8_block.VARIANTS, fp8_block.DEFAULT_VARIANT,
+    options=(_TILE_2D, Option("fp32_scale", bool, "fp32 tile scales instead of powers of two", variants=frozenset({"te"}), code="fp32s")),
+    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(FP8_BLOCK, FP8_BLOCK, "fp32 or pow2"),
+    doc="FP8 E4M3 block-wise: one scale per 1x128 block or 128x128 tile (reference.fp8_block)",
 ))
 _BUILTIN.update(_REGISTRY)

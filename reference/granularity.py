@@ -6,6 +6,8 @@ Layout only, no arithmetic.  A weight tensor is ``[..., out, in]``: a single exp
 * ``()`` or ``(1,)``       -> ``per_tensor``  (one scale for everything)
 * ``x.shape[:-2]``          -> ``per_expert``  (``[N]`` for a stacked weight)
 * ``x.shape[:-1]``          -> ``per_channel`` (``[N, out]`` / ``[out]``: one scale per output row)
+* ``None``                  -> ``from_data``   (formats whose scales come from the data, one per tile
+  of the last two dims: MX, FP8 block-wise; they take no amax at all, ``FROM_DATA``)
 
 amax values: finite and ``>= 0``.  NaN, ±inf or negative amax raise ``ValueError`` (a
 silent NaN/zero output would hide a calibration bug).  Zero and tiny amax are defined per
@@ -15,11 +17,18 @@ fp32 (exact for bf16/fp16).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .constants import FLOAT_DTYPES
 
-GRANULARITIES = ("per_tensor", "per_expert", "per_channel")
+AMAX_GRANULARITIES = ("per_tensor", "per_expert", "per_channel")
+"""The granularities of an amax tensor."""
+FROM_DATA = "from_data"
+"""The granularity of a format that takes no amax (``amax=None``): each tile's scale comes from the
+tile's own ``max |x|`` (``reference.mx``, ``reference.fp8_block``)."""
+GRANULARITIES = AMAX_GRANULARITIES + (FROM_DATA,)
 
 
 def check_input(x: torch.Tensor) -> None:
@@ -32,8 +41,11 @@ def check_input(x: torch.Tensor) -> None:
         raise ValueError(f"input must have at least 1 dimension, got shape {tuple(x.shape)}")
 
 
-def granularity_of(x: torch.Tensor, amax: torch.Tensor) -> str:
-    """Name the granularity implied by ``amax.shape`` for input ``x``, or raise ``ValueError``."""
+def granularity_of(x: torch.Tensor, amax: Optional[torch.Tensor]) -> str:
+    """Name the granularity implied by ``amax.shape`` for input ``x`` (``None``: ``from_data``), or
+    raise ``ValueError``."""
+    if amax is None:
+        return FROM_DATA
     shape = tuple(amax.shape)
     if shape in ((), (1,)):
         return "per_tensor"
@@ -79,3 +91,31 @@ def broadcast_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     if gran == "per_tensor":
         return a.reshape((1,) * x.dim())
     return a.reshape(tuple(a.shape) + (1,) * (x.dim() - a.dim()))
+
+
+def to_tiles(xf: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
+    """``[..., out, in]`` -> ``[..., ceil(out/r), ceil(in/c), r*c]``: the tiles ``(r, c)`` of the last
+    two dims, each flattened row-major; a partial tile is zero-padded (layout only; zeros never raise
+    a tile's ``max |x|``).  ``(1, c)`` is a block of ``c`` along in-features."""
+    r, c = tile
+    if r < 1 or c < 1:
+        raise ValueError(f"tile must be two positive ints, got {tile}")
+    if xf.dim() < 2:
+        xf = xf.reshape(1, *xf.shape)
+    o, n = xf.shape[-2], xf.shape[-1]
+    po, pn = (-o) % r, (-n) % c
+    if po or pn:
+        xf = torch.nn.functional.pad(xf, (0, pn, 0, po))
+    lead = xf.shape[:-2]
+    t = xf.reshape(*lead, (o + po) // r, r, (n + pn) // c, c)
+    return t.transpose(-3, -2).reshape(*lead, (o + po) // r, (n + pn) // c, r * c)
+
+
+def from_tiles(t: torch.Tensor, tile: tuple[int, int], shape: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of ``to_tiles``: back to ``shape`` (the padding dropped)."""
+    r, c = tile
+    lead = t.shape[:-3]
+    nr, nc = t.shape[-3], t.shape[-2]
+    y = t.reshape(*lead, nr, nc, r, c).transpose(-3, -2).reshape(*lead, nr * r, nc * c)
+    o, n = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1])
+    return y[..., :o, :n].reshape(shape)

@@ -11,6 +11,10 @@ Numeric contract
   dim is not a multiple of the block size, the last block of each row is *shorter*: it is
   quantized as if zero-padded to a full block (Transformer Engine pads with zeros), and the
   padding is dropped.  Zeros never raise a block max, so this equals a short block.
+* ``tile_2d=True`` (variants ``te`` and ``te_qdq``): the block is a ``block_size x block_size`` tile of the last
+  two dims (16x16: Transformer Engine ``NVFP4BlockScaling``'s weight recipe, 2D block scales, no
+  random Hadamard transform); ``vmax`` (step 4) is the tile's max, partial tiles are zero-padded in
+  both dims.  Every other step is unchanged.
 * E2M1 rounding (``round_to_e2m1``): nearest, ties to even on {0,.5,1,1.5,2,3,4,6}, ±6 saturation.
 * E4M3 block-scale rounding (``round_to_e4m3``): nearest, ties to even, saturating at 448.
 * Output dtype = input dtype (RNE from fp32).
@@ -119,7 +123,7 @@ import torch
 
 from .constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_NORMAL_EXP, FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import cuda_core
-from .granularity import broadcast_amax, check_amax_values
+from .granularity import broadcast_amax, check_amax_values, from_tiles, to_tiles
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
 
@@ -158,10 +162,13 @@ def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int):
     return xf, g.unsqueeze(-1), to_blocks(xf, block_size)
 
 
-def _te_quantize(x, amax, block_size: int):
-    """Steps 1-8 of the ``te`` variant: ``(q, v, ds8, gd, g)`` in fp32, blocked ``[..., nb, b]``
-    (``ds8`` ``[..., nb, 1]``; ``g`` the global amax, broadcastable against them)."""
+def _te_quantize(x, amax, block_size: int, tile_2d: bool):
+    """Steps 1-8 of the ``te`` variant: ``(q, v, ds8, gd, g, back)`` in fp32, blocked ``[..., nb, b]``
+    (or tiles with ``tile_2d``; ``ds8`` one per block; ``g`` the global amax, broadcastable against
+    them; ``back`` maps a blocked tensor back to ``x``'s layout)."""
     xf, g, xb = _prepare(x, amax, block_size)
+    if tile_2d:
+        xb = to_tiles(xf, (block_size, block_size))
     fmax = fp32_scalar_like(FP32_MAX, xf)
     ge = torch.minimum(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, xf) / g, fmax)
     ge = torch.where(ge == 0, torch.ones((), device=xf.device), ge)
@@ -171,25 +178,28 @@ def _te_quantize(x, amax, block_size: int):
     ds8 = round_to_e4m3(vmax * mult)
     es = torch.minimum(fp32_scalar_like(1.0, xf) / (ds8 * gd), fmax)
     v = xb * es
-    return round_to_e2m1(v), v, ds8, gd, g
+    if tile_2d:
+        back = lambda t: from_tiles(t, (block_size, block_size), tuple(x.shape))  # noqa: E731
+    else:
+        back = lambda t: from_blocks(t, x.shape[-1])  # noqa: E731
+    return round_to_e2m1(v), v, ds8, gd, g, back
 
 
-def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
-    """Default variant: Transformer Engine's reference recipe; see the module docstring."""
-    q, v, ds8, gd, _ = _te_quantize(x, amax, block_size)
+def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
+    """Default variant: Transformer Engine's reference recipe (1 x block_size blocks, or square tiles
+    with ``tile_2d``); see the module docstring."""
+    q, v, ds8, gd, _, back = _te_quantize(x, amax, block_size, tile_2d)
     y = (q * ds8) * gd
-    n = x.shape[-1]
-    return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
 
 
-def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
+def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
     """Variant ``te_qdq``: TE's quantize (``te`` steps 1-8) then TE's C++ ``dequantize_nvfp4``
     (steps 9'-10' of the module docstring): what a TE user gets from ``quantizer(x).dequantize()``."""
-    q, v, ds8, _, g = _te_quantize(x, amax, block_size)
+    q, v, ds8, _, g, back = _te_quantize(x, amax, block_size, tile_2d)
     fs = (ds8 * g) * torch.reciprocal(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, v))
     y = q * fs
-    n = x.shape[-1]
-    return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
 
 
 def nvfp4_torchao(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:

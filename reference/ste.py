@@ -8,6 +8,9 @@ Numeric contract
   The comparison is inclusive (``|x| == amax`` keeps its gradient); NaN ``x`` gives ``+0``; amax
   is broadcast per tensor / expert / channel exactly as in the forward (``reference.granularity``).
   For NVFP4 ``amax`` is the global amax.  Output dtype = ``grad_out`` dtype.
+  A format whose scales come from the data (``amax=None``: MX, FP8 block-wise) clips at each
+  element's own tile amax, which every element but NaN meets: ``clipped`` keeps the gradient where
+  ``x`` is not NaN (±inf included) and gives ``+0`` for NaN ``x``.
 
   In which precision ``|x|`` and ``amax`` (fp32) are compared is the ``clip_rule``:
 
@@ -29,9 +32,11 @@ Numeric contract
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from .granularity import broadcast_amax, granularity_of
+from .granularity import broadcast_amax, check_input, granularity_of
 
 STE_MODES = ("pass_through", "clipped")
 CLIP_RULES = ("fp32", "torch_promotion")
@@ -46,17 +51,21 @@ def promotes_to_input_dtype(x: torch.Tensor, amax: torch.Tensor) -> bool:
     return amax.dim() == 0 or granularity_of(x, amax) == "per_expert"
 
 
-def clip_keep(x: torch.Tensor, amax: torch.Tensor, clip_rule: str = DEFAULT_CLIP_RULE) -> torch.Tensor:
-    """The boolean mask ``|x| <= amax`` of the clipped backward under ``clip_rule``."""
+def clip_keep(x: torch.Tensor, amax: Optional[torch.Tensor], clip_rule: str = DEFAULT_CLIP_RULE) -> torch.Tensor:
+    """The boolean mask ``|x| <= amax`` of the clipped backward under ``clip_rule`` (``amax=None``:
+    ``x`` is not NaN)."""
     if clip_rule not in CLIP_RULES:
         raise ValueError(f"clip_rule must be one of {CLIP_RULES}, got {clip_rule!r}")
+    if amax is None:
+        check_input(x)
+        return ~torch.isnan(x)
     a = broadcast_amax(x, amax)
     if clip_rule == "torch_promotion" and promotes_to_input_dtype(x, amax):
         return x.abs() <= a.to(x.dtype)
     return x.to(torch.float32).abs() <= a
 
 
-def ste_backward(x: torch.Tensor, amax: torch.Tensor, grad_out: torch.Tensor, mode: str,
+def ste_backward(x: torch.Tensor, amax: Optional[torch.Tensor], grad_out: torch.Tensor, mode: str,
                  *, clip_rule: str = DEFAULT_CLIP_RULE) -> torch.Tensor:
     """Input gradient of fake quant for ``grad_out``; see the module docstring."""
     if mode not in STE_MODES:
@@ -66,7 +75,10 @@ def ste_backward(x: torch.Tensor, amax: torch.Tensor, grad_out: torch.Tensor, mo
     if clip_rule not in CLIP_RULES:
         raise ValueError(f"clip_rule must be one of {CLIP_RULES}, got {clip_rule!r}")
     if mode == "pass_through":
-        broadcast_amax(x, amax)  # the same validation as the clipped mode
+        if amax is None:
+            check_input(x)
+        else:
+            broadcast_amax(x, amax)  # the same validation as the clipped mode
         return grad_out
     keep = clip_keep(x, amax, clip_rule)
     return torch.where(keep, grad_out, torch.zeros((), dtype=grad_out.dtype, device=grad_out.device))

@@ -37,9 +37,10 @@ def expert_chunks(n: int, expert_numel: int, chunk_elements: int) -> Iterator[tu
         yield start, min(n, start + per)
 
 
-def _amax_rows(amax: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """The amax of experts ``start:stop`` (a per-tensor scalar amax applies to every expert)."""
-    return amax if amax.dim() == 0 else amax[start:stop]
+def _amax_rows(amax: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    """The amax of experts ``start:stop`` (a per-tensor scalar amax applies to every expert; ``None``,
+    a format without amax, to every expert too)."""
+    return amax if amax is None or amax.dim() == 0 else amax[start:stop]
 
 
 class ReferenceBackend:
@@ -77,8 +78,8 @@ class ReferenceBackend:
 
         ``block_amax`` (NVFP4 static blocks) is passed to a single call over the whole stack.
         """
-        whole = (weight.dim() != 3 or weight.shape[0] == 0 or "block_amax" in options or not isinstance(amax, torch.Tensor)
-                 or (amax.dim() > 0 and amax.shape[0] != weight.shape[0]))
+        whole = (weight.dim() != 3 or weight.shape[0] == 0 or "block_amax" in options
+                 or (amax is not None and (not isinstance(amax, torch.Tensor) or (amax.dim() > 0 and amax.shape[0] != weight.shape[0]))))
         if whole:  # one call: the reference's own checks (and errors) for shapes it does not chunk
             return reference.fake_quant(weight, amax, fmt, variant, **options)
         chunks = list(expert_chunks(weight.shape[0], weight[0].numel(), self.chunk_elements))

@@ -68,7 +68,9 @@ class TritonBackend:
     def format_available(self, fmt: str) -> tuple[bool, str]:
         """Whether the kernel implements ``fmt``, and why not."""
         if fmt not in self.formats:
-            return False, f"the Triton kernel does not implement {fmt}; it implements {sorted(self.formats)} (kernels.FORMATS)"
+            from moe_fq_parity.kernels.formats import decline_reason
+
+            return False, f"the Triton kernel does not implement {fmt} ({decline_reason(fmt)}); it implements {sorted(self.formats)} (kernels.FORMATS)"
         return True, ""
 
     def _check_variant(self, fmt: str, variant: Optional[str]) -> None:

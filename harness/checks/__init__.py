@@ -40,7 +40,7 @@ def case_oom_record(case, backend_spec: str, check: str, seed: int, mode: str, c
 
 def measured(ctx: CheckContext, check: str, fn: Callable[[], CheckRecord]) -> CheckRecord:
     """``fn()`` with its peak memory recorded; out of memory gives an ``oom`` record instead of raising."""
-    device = ctx.inputs.amax.device
+    device = ctx.inputs.device
     base = ctx.mem_base if ctx.mem_base is not None else allocated(device)
     start_peak(device)
     failure: Optional[tuple[str, str]] = None

@@ -15,7 +15,7 @@ from moe_fq_parity.harness.core.equality import bitwise, compare_each
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of, record,
-    summarize,
+    summarize, undeclared_reason,
 )
 
 
@@ -27,7 +27,7 @@ def check_backward(ctx: CheckContext, mode: str):
     check = f"backward.{mode}"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     if not callable(getattr(be, "ste_backward", None)):
         return record(ctx, check, "skip", "backend has no ste_backward (optional in the contract)")
     per = split_expert_amax(inputs.weights, inputs.amax)
@@ -46,7 +46,7 @@ def check_backward(ctx: CheckContext, mode: str):
         w, a, ref, got = inputs.weights[e], per[e], want(e), call.value[e]
         comp = bitwise(ref, got, ctx.nan_bits)
         if comp.numel != comp.counts["exact"] and len(offenders) < MAX_OFFENDERS:
-            amax_full = a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
+            amax_full = None if a is None else a.reshape(a.shape + (1,) * (w.dim() - a.dim())).expand_as(w)
             offenders.extend(expert_offenders(e, comp, w, ref, got, amax_full, MAX_OFFENDERS - len(offenders)))
         return comp
 

@@ -85,7 +85,7 @@ def _modified(inputs, before: tuple, after: tuple) -> str:
 def restore_inputs(ctx: CheckContext) -> None:
     """Write the case's generated bits back into its input tensors (in place, so every holder of them,
     the pytest plugin's case cache included, sees the fresh inputs again)."""
-    fresh = make_inputs(ctx.case, ctx.seed, ctx.inputs.amax.device)
+    fresh = make_inputs(ctx.case, ctx.seed, ctx.inputs.device)
     with torch.no_grad():
         for old, new in zip(_input_tensors(ctx.inputs), _input_tensors(fresh)):
             if old is not None and new is not None:
@@ -126,6 +126,14 @@ def inputs_unchanged(ctx: CheckContext, fn: Callable[[], CheckRecord]) -> CheckR
         restore_inputs(ctx)
         raise InputsModified("a backend call of this check", detail)
     return rec
+
+
+def undeclared_reason(be: object, fmt: str) -> str:
+    """The skip reason for a format the backend does not list in ``formats``: its own
+    ``format_available(fmt)`` reason where it has one (the Triton kernel says why it declines)."""
+    probe = getattr(be, "format_available", None)
+    why = probe(fmt)[1] if callable(probe) else ""
+    return why or f"backend formats {sorted(be.formats)} do not include {fmt}"  # type: ignore[attr-defined]
 
 
 def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
@@ -170,9 +178,11 @@ def expert_offenders(
     ]
 
 
-def expert_amax_values(amax: torch.Tensor, n: int) -> list[float]:
+def expert_amax_values(amax: Optional[torch.Tensor], n: int) -> list[Optional[float]]:
     """The amax shown for each of the first ``n`` experts (per channel: its largest row amax; an
-    expert with no rows: 0), in one host transfer."""
+    expert with no rows: 0), in one host transfer; ``None`` for a format without amax."""
+    if amax is None:
+        return [None] * n
     a = amax[:n].detach().float()
     if a.dim() > 1:
         a = a.reshape(a.shape[0], -1)
@@ -180,7 +190,7 @@ def expert_amax_values(amax: torch.Tensor, n: int) -> list[float]:
     return a.tolist()
 
 
-def summarize(comps: Sequence[Comparison], amax: torch.Tensor) -> dict[str, Any]:
+def summarize(comps: Sequence[Comparison], amax: Optional[torch.Tensor]) -> dict[str, Any]:
     """Aggregate per-expert comparisons into record fields (counts, histogram, per-expert stats)."""
     counts = {c: sum(comp.counts[c] for comp in comps) for c in CLASSES}
     hist = [sum(comp.histogram[k] for comp in comps) for k in range(len(HIST_EDGES))]

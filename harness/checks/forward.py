@@ -22,7 +22,7 @@ from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of,
-    record, reference_options, summarize,
+    record, reference_options, summarize, undeclared_reason,
 )
 
 CHECK = "forward"
@@ -55,8 +55,8 @@ def expected_forward(inputs) -> Expected:
         outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
-    if inputs.amax.device.type == "cuda":
-        torch.cuda.synchronize(inputs.amax.device)
+    if inputs.device.type == "cuda":
+        torch.cuda.synchronize(inputs.device)
     return Expected(outputs, None, (time.perf_counter() - start) * 1e6)
 
 
@@ -89,7 +89,7 @@ def check_forward(ctx: CheckContext, expected: Expected):
     """Compare ``backend.fake_quant`` with ``expected``; returns a ``CheckRecord``."""
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, CHECK, "skip", f"backend formats {sorted(be.formats)} do not include {case.fmt}")
+        return record(ctx, CHECK, "skip", undeclared_reason(be, case.fmt))
     call = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **call_options(case)))
     timing = {"duration_s": call.seconds}
     if expected.error is not None:

@@ -22,7 +22,7 @@ from moe_fq_parity.harness.core.ulp import CLASSES
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, not_run_reason, problems_of, record, reference_options,
-    summarize,
+    summarize, undeclared_reason,
 )
 
 
@@ -65,7 +65,7 @@ def _compare_runs(ctx: CheckContext, check: str, base: Sequence[torch.Tensor] | 
         return comp
 
     comps = compare_each(len(other), get, other, full)
-    fields = summarize(comps, ctx.inputs.amax[idx])
+    fields = summarize(comps, None if ctx.inputs.amax is None else ctx.inputs.amax[idx])
     errors, nan_bits = fields["counts"]["error"], fields["counts"]["nan_bits"]
     if not errors and not nan_bits:
         return None
@@ -95,7 +95,7 @@ def check_layout(ctx: CheckContext):
     check = "invariant.layout"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     ws = inputs.weights
     if case.layout == "ragged" or case.empty or any(w.shape != ws[0].shape for w in ws):
         return record(ctx, check, "skip", "layout invariant needs experts of one shape")
@@ -142,7 +142,7 @@ def check_grouped(ctx: CheckContext):
     check = "invariant.grouped"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     opts = call_options(case)
     grouped = call_backend(ctx, lambda: be.fake_quant(inputs.weights, inputs.amax, case.fmt, **opts))
     if (reason := not_run_reason(ctx, grouped)) is not None:
@@ -153,7 +153,8 @@ def check_grouped(ctx: CheckContext):
     loop, seconds = [], grouped.seconds
     for i in experts:
         w = inputs.weights[i]
-        call = call_backend(ctx, lambda: be.fake_quant([w], inputs.amax[i:i + 1], case.fmt, **opts))
+        one = None if inputs.amax is None else inputs.amax[i:i + 1]
+        call = call_backend(ctx, lambda: be.fake_quant([w], one, case.fmt, **opts))
         seconds += call.seconds
         if (problem := problems_of(call, [w])) is not None:
             return record(ctx, check, "fail", f"one-expert call for expert {i}: {problem}", duration_s=seconds)
@@ -182,7 +183,9 @@ def check_recalibrate(ctx: CheckContext):
     check = "invariant.recalibrate"
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     if case.fmt not in be.formats:
-        return record(ctx, check, "skip", f"backend formats do not include {case.fmt}")
+        return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
+    if inputs.amax is None:
+        return record(ctx, check, "skip", f"{case.fmt} takes no amax (its scales come from the data): there is no amax to change")
     if not bool((inputs.amax > 0).any()):
         return record(ctx, check, "skip", "every amax is zero: a new amax would be invisible")
     opts = call_options(case)

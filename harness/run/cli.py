@@ -241,7 +241,11 @@ def _cmd_list(args) -> int:
     from moe_fq_parity.cases import SUITE_NAMES, marks, select, suite
 
     from moe_fq_parity.harness.backends import BUILTINS, NAMES, load_all
+    from moe_fq_parity.reference.formats import FORMATS, describe
 
+    print("formats: --formats NAME,... (variants: the default first)")
+    for fmt in FORMATS:
+        print(f"  {describe(fmt)}")
     for name in ([args.suite] if args.suite else SUITE_NAMES):
         cs = select(suite(name), patterns=args.cases)
         print(f"suite {name}: {len(cs)} cases, {sum(c.numel for c in cs) / 1e6:.1f} M elements")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_fq_parity.reference import FORMATS
+
 from moe_fq_parity.cases import Case, CatalogueError, make_inputs, parse_case, suite, validate
 from moe_fq_parity.cases import catalogue
 from moe_fq_parity.cases.rules import problems
@@ -18,7 +20,7 @@ BASE = dict(fmt="int8", variant="cuda", granularity="per_expert", layout="stacke
 
 def test_case_is_a_plain_record_and_every_entry_point_validates():
     bad = Case(**(BASE | dict(fmt="int9", layout="stackd")))  # constructing checks nothing
-    assert problems(bad) == ["fmt='int9' not in ('int8', 'int4', 'fp8_e4m3', 'nvfp4')", "layout='stackd' not in ('list', 'stacked', 'ragged')"]
+    assert problems(bad) == [f"fmt='int9' not in {FORMATS}", "layout='stackd' not in ('list', 'stacked', 'ragged')"]
     with pytest.raises(ValueError, match="invalid Case: fmt='int9'.*layout='stackd'"):
         validate(bad)
     with pytest.raises(ValueError, match="invalid Case: fmt='int9'"):

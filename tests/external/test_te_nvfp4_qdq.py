@@ -50,6 +50,11 @@ def _bf16_bits(y: np.ndarray) -> np.ndarray:
 
 def numpy_te(x: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
     """fp32 outputs of one expert ``[rows, 16k]`` in the ``te`` and ``te_qdq`` orders."""
+    return numpy_te_blocks(x, g, 16)
+
+
+def numpy_te_blocks(x: np.ndarray, g: float, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy_te`` with blocks of ``block`` along the last dim."""
     g = F32(g)
     fmax = F32(np.finfo(F32).max)
     with np.errstate(divide="ignore", over="ignore"):
@@ -57,7 +62,7 @@ def numpy_te(x: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
         ge = F32(1) if ge == 0 else ge
         gd = F32(1) / ge
         mult = ge * (F32(1) / F32(6))
-        xb = x.astype(F32).reshape(x.shape[0], -1, 16)
+        xb = x.astype(F32).reshape(x.shape[0], -1, block)
         ds8 = _grid_round(np.abs(xb).max(axis=-1, keepdims=True) * mult, E4M3)
         es = np.minimum(F32(1) / (ds8 * gd), fmax)
     q = _grid_round(xb * es, E2M1)
@@ -112,3 +117,31 @@ def test_zero_global_amax_gives_zeros():
     x = torch.tensor([[0.5, -0.25] + [0.0] * 14], dtype=torch.bfloat16)
     y = reference.fake_quant(x, torch.tensor(0.0), "nvfp4", "te_qdq")
     assert torch.equal(y.view(torch.int16)[0, :2], torch.tensor([0, -32768], dtype=torch.int16))
+
+
+def test_te_qdq_2d_tiles_dequantize_the_te_2d_quantize():
+    """``tile_2d`` (TE's 16x16 weight tiles): the same C++ dequantize of the same codes and scales:
+    ``te_qdq`` and ``te`` share steps 1-8 (pre-round values equal) and differ only in the final order."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 48, generator=gen)
+    g = x.abs().amax(dim=(1, 2))
+    a = reference.fake_quant_traced(x, g, "nvfp4", "te", tile_2d=True)
+    b = reference.fake_quant_traced(x, g, "nvfp4", "te_qdq", tile_2d=True)
+    assert torch.equal(a.pre_round, b.pre_round)
+    for e in range(2):
+        old, new = numpy_te_2d(x[e].numpy(), float(g[e]))
+        assert np.array_equal(a.out[e].numpy().view(np.int32), old.view(np.int32))
+        assert np.array_equal(b.out[e].numpy().view(np.int32), new.view(np.int32))
+
+
+def numpy_te_2d(x: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy_te`` on 16x16 tiles (zero-padded), via the tiles' rows laid out as 1x256 blocks."""
+    rows, cols = x.shape
+    pr, pc = (-rows) % 16, (-cols) % 16
+    xp = np.pad(x, ((0, pr), (0, pc)))
+    tiles = xp.reshape((rows + pr) // 16, 16, (cols + pc) // 16, 16).transpose(0, 2, 1, 3).reshape(-1, 256)
+    outs = []
+    for order in numpy_te_blocks(tiles, g, 256):
+        t = order.reshape((rows + pr) // 16, (cols + pc) // 16, 16, 16).transpose(0, 2, 1, 3).reshape(rows + pr, cols + pc)
+        outs.append(np.ascontiguousarray(t[:rows, :cols]))
+    return outs[0], outs[1]

@@ -183,6 +183,13 @@ def test_list(capsys):
     assert main(["list", "--suite", "ultra"]) == 0
     out = capsys.readouterr().out
     assert "fp8_e4m3.cuda/per_expert/stacked/N32/5120x8192/outliers/s0" in out and "backends:" in out
+    assert "mxfp8.floor/from_data/stacked/N32/5120x8192/outliers@none/s0" in out
+    formats = out.split("formats:")[1].split("suite ")[0]
+    from moe_fq_parity.reference import FORMATS, variants
+    for fmt in FORMATS:
+        line = next(line for line in formats.splitlines() if line.strip().startswith(f"{fmt}:"))
+        assert f"variants {', '.join(variants(fmt))}" in line
+    assert "amax none (amax=None" in formats and "1x32 or 32x32 (tile_2d)" in formats and "1x128 or 128x128" in formats
 
 
 def test_unknown_case_id_and_empty_selection(tmp_path, capsys):

@@ -17,6 +17,11 @@ def _w(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, generator=G).to(dtype)
 
 
+def _a(spec, value=1.0):
+    """An amax of ``value`` for a format that takes one, ``None`` for a format with scales from the data."""
+    return torch.tensor(value) if spec.takes_amax else None
+
+
 @pytest.fixture
 def int6():
     spec = R.register_format(R.int_format("int6", 6))
@@ -31,18 +36,19 @@ def test_declared_input_rules_are_what_the_reference_does(fmt):
     x[1, 3] = float("nan")
     if spec.rejects_nan:
         with pytest.raises(ValueError, match="NaN"):
-            R.fake_quant(x, torch.tensor(1.0), fmt)
+            R.fake_quant(x, _a(spec), fmt)
     else:
-        assert torch.isnan(R.fake_quant(x, torch.tensor(1.0), fmt)[1, 3])
+        assert torch.isnan(R.fake_quant(x, _a(spec), fmt)[1, 3])
     for opt in spec.options_for():
         if opt.type is bool:
             neg = -_w(4, 32).abs()
             if opt.nonnegative_input:
                 assert spec.rejects_negative({opt.name: True})
                 with pytest.raises(ValueError, match="negative"):
-                    R.fake_quant(neg, torch.tensor(1.0), fmt, **{opt.name: True})
+                    R.fake_quant(neg, _a(spec), fmt, **{opt.name: True})
             else:
-                R.fake_quant(neg, torch.tensor(1.0), fmt, **{opt.name: True})
+                R.fake_quant(neg, _a(spec), fmt, **{opt.name: True}, **({} if opt.applies_to(spec.default_variant) else
+                                                                       {"variant": sorted(opt.variants)[0]}))
     assert not spec.rejects_negative({})
 
 
@@ -58,12 +64,19 @@ def test_declared_granularities_are_what_the_reference_takes(fmt):
         else:
             with pytest.raises(ValueError, match=gran.replace("_", "-")):
                 R.fake_quant(x, a, fmt)
+    if spec.takes_amax:
+        with pytest.raises(ValueError, match="amax=None"):
+            R.fake_quant(x, None, fmt)
+    else:
+        assert R.fake_quant(x, None, fmt).shape == x.shape
+        with pytest.raises(ValueError, match="takes no amax"):
+            R.fake_quant(x, amax["per_expert"], fmt)
 
 
 @pytest.mark.parametrize("fmt", list(R.FORMATS))
 def test_declared_options_and_types_are_enforced(fmt):
     spec = R.format_spec(fmt)
-    x, a = _w(2, 32).abs(), torch.tensor(1.0)
+    x, a = _w(2, 32).abs(), _a(spec)
     with pytest.raises(TypeError, match="does not take"):
         R.fake_quant(x, a, fmt, no_such_option=True)
     for opt in spec.options:
@@ -83,14 +96,16 @@ def test_scale_numerator_and_grid_are_the_reference_ones(fmt):
     the grid rounding of every variant lands on the declared grid."""
     spec = R.format_spec(fmt)
     x = _w(4, 64, dtype=torch.float32) * 3
-    if spec.block is None:
+    if not spec.takes_amax:
+        assert spec.scale_numerator() == spec.grid.max_value
+    elif spec.block is None:
         r = R.fake_quant_traced(x, torch.tensor(spec.scale_numerator()), fmt)
         assert torch.equal(r.pre_round, x)
     else:
         assert spec.scale_numerator() == NVFP4_GLOBAL_SCALE_NUM == spec.block.scale_grid.max_value * spec.grid.max_value
     v = torch.linspace(-1000, 1000, 20001)
     for var in spec.variant_names:
-        got = R.fake_quant_traced(x, x.abs().amax(), fmt, var).grid_round(v)
+        got = R.fake_quant_traced(x, _a(spec, float(x.abs().amax())), fmt, var).grid_round(v)
         if spec.is_int:
             lo, qmax = spec.grid.bounds()
             assert torch.equal(got, torch.clamp(torch.round(v), lo, qmax))
@@ -108,13 +123,14 @@ def test_variants_and_default_come_from_the_registry():
 
 
 def test_toy_format_is_seen_everywhere_until_unregistered(int6):
-    assert "int6" in R.FORMATS and R.FORMATS[-1] == "int6" and len(R.FORMATS) == 5
+    n = len(R.FORMATS)
+    assert "int6" in R.FORMATS and R.FORMATS[-1] == "int6"
     x = _w(3, 4, 40)
     y = R.fake_quant(x, x.float().abs().amax(dim=(1, 2)), "int6", "step", narrow_range=True)
     q = (y.float() * (31 / x.float().abs().amax(dim=(1, 2))).reshape(3, 1, 1)).round()
     assert q.min() >= -31 and q.max() <= 31 and len(torch.unique(q)) > 20
     R.unregister_format("int6")
-    assert "int6" not in R.FORMATS and len(R.FORMATS) == 4
+    assert "int6" not in R.FORMATS and len(R.FORMATS) == n - 1
     with pytest.raises(ValueError, match="unknown format 'int6'"):
         R.fake_quant(x, torch.ones(3), "int6")
     R.register_format(int6)  # for the fixture's unregister
@@ -145,6 +161,8 @@ def test_registry_rules(int6):
     (dict(options=(F.Option("x", bool, ""), F.Option("x", bool, ""))), "twice"),
     (dict(options=(F.Option("x", bool, "", variants=frozenset({"nope"})),)), "unknown variants"),
     (dict(block=F.BlockScaling(16, F.E4M3_GRID)), "global_scale_numerator"),
+    (dict(amax_granularities=frozenset({"from_data"})), "needs tiles"),
+    (dict(amax_granularities=frozenset({"from_data", "per_expert"}), tiles=F.TileScaling(32, 32, "e8m0")), "only granularity"),
 ])
 def test_invalid_specs_name_the_problem(kw, needle):
     base = dict(name="toy", grid=F.IntGrid(6), variants={"cuda": R.format_spec("int8").variants["cuda"]}, default_variant="cuda")

@@ -391,7 +391,7 @@ def build_cases(
     * ``n_split``: variant-splitting amax added to ``all_bf16`` and ``calibrated``;
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
-    if not getattr(reference.format_spec(fmt), "takes_amax", True):
+    if not reference.format_spec(fmt).takes_amax:
         return mx_cases(fmt, seed=seed)
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
     if fmt == "nvfp4":

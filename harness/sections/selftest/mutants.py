@@ -14,7 +14,10 @@ from typing import Callable, Sequence
 import torch
 
 from moe_fq_parity import reference as R
-from moe_fq_parity.reference.constants import E4M3_MAX, TINY_AMAX
+from moe_fq_parity.reference import fp8_block as FB
+from moe_fq_parity.reference import mx as MX
+from moe_fq_parity.reference.constants import E4M3_MAX, E8M0_NAN, TINY_AMAX
+from moe_fq_parity.reference.granularity import from_tiles, to_tiles
 from moe_fq_parity.reference.formats import FORMATS, format_spec
 from moe_fq_parity.reference.nvfp4 import from_blocks, to_blocks
 from moe_fq_parity.reference.rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, round_to_minifloat, to_output_dtype
@@ -114,14 +117,23 @@ class Mutant:
     forward: Callable[..., list[Tensor]] | None = None
     backward: Callable[..., list[Tensor]] | None = None
     device: str = "cpu"
+    variants: frozenset[str] = frozenset()
+    """Non-default variants it implements too (the variant then reaches ``forward`` as ``variant=``);
+    empty: the default variant only."""
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def implements(self, fmt: str, variant: str) -> bool:
+        """Whether the self-test runs it on cases of ``fmt``/``variant``."""
+        return fmt in self.formats and (variant == R.default_variant(fmt) or variant in self.variants)
 
     def fake_quant(self, weights: Sequence[Tensor], amax: Tensor, fmt: str, **options) -> list[Tensor]:
         if fmt not in self.formats:
             raise ValueError(f"{self.name} does not implement {fmt}")
         variant = options.pop("variant", None)
-        if variant not in (None, "default", R.default_variant(fmt)):
+        if variant not in (None, "default", R.default_variant(fmt)) and variant not in self.variants:
             raise ValueError(f"{self.name} implements only the default variant of {fmt}")
+        if variant in self.variants:
+            options["variant"] = variant
         if self.forward is None:
             return R.fake_quant_experts(weights, amax, fmt, **options)
         return self.forward(self, list(weights), amax, fmt, **options)
@@ -226,11 +238,82 @@ def _declines_nvfp4(self, weights, amax, fmt, **options):
     return R.fake_quant_experts(weights, amax, fmt, **options)
 
 
+# --- block-scaled formats (scales from the data per tile) ---------------------------------------
+
+def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, amax_bf16=False, nonfinite_code=E8M0_NAN,
+           code0_zero=False, axis="in") -> Tensor:
+    """MX fake quant of one expert (``reference.mx`` steps 1-7) with one step selectable (mutated)."""
+    elem = "e4m3" if fmt == "mxfp8" else "e2m1"
+    emax, mbits, emx, elem_round = MX.ELEMENTS[elem]
+    tile = MX.mx_tile(tile_2d)
+    tile = (tile[1], tile[0]) if axis == "out" else tile
+    xt = to_tiles(x.float(), tile)
+    a = xt.abs().amax(dim=-1)
+    if amax_bf16:  # amax rounded to bf16 before the exponent is taken
+        a = a.to(torch.bfloat16).float()
+    code = (code_rule or MX.CODE_RULES[variant])(a, emax, mbits, emx)
+    if nonfinite_code != E8M0_NAN:
+        code = torch.where(torch.isfinite(a), code, torch.full_like(code, nonfinite_code))
+    code = code.unsqueeze(-1)
+    inv = MX.e8m0_inverse(code)
+    if variant == "te":
+        inv = torch.where(code == 0, torch.ones(()), inv)
+    dec = MX.e8m0_decode(code)
+    if code0_zero:  # E8M0 code 0 decoded as 0 instead of 2**-127
+        dec = torch.where(code == 0, torch.zeros(()), dec)
+    y = elem_round(xt * inv) * dec
+    return to_output_dtype(from_tiles(y, tile, tuple(x.shape)), x.dtype)
+
+
+def _mx(kw: dict):
+    def forward(self: Mutant, weights, amax, fmt, variant=None, tile_2d=False, **options):
+        v = variant or R.default_variant(fmt)
+        return [_mx_fq(w, fmt, v, tile_2d=tile_2d, **kw) for w in weights]
+
+    return forward
+
+
+def _fp8_block_fq(x: Tensor, *, tile_2d=False, fp32_scale=False, pow2="floor", nan_scale="frexp", axis="in", dequant="recip") -> Tensor:
+    """``reference.fp8_block`` variant ``te`` for one expert, one step selectable (mutated)."""
+    tile = FB.fp8_tile(tile_2d)
+    tile = (tile[1], tile[0]) if axis == "out" else tile
+    xt = to_tiles(x.float(), tile)
+    a = xt.abs().amax(dim=-1, keepdim=True)
+    s = fp32_scalar_like(E4M3_MAX, a) / a
+    s = torch.where(s == float("inf"), fp32_scalar_like(torch.finfo(torch.float32).max, a), s)
+    if not fp32_scale:
+        p = FB.pow2_floor(s)
+        if pow2 == "ceil":  # the power of two at or above the scale
+            p = torch.where(p == s, p, p * 2)
+        if nan_scale == "nan":  # NaN amax keeps a NaN scale (no frexp exponent 0)
+            p = torch.where(torch.isnan(s), s, p)
+        s = torch.where(a == float("inf"), torch.zeros(()), p)
+    s = torch.where(a == 0, torch.ones(()), s)
+    q = round_to_e4m3(xt * s)
+    y = q / s if dequant == "div" else q * (fp32_scalar_like(1.0, xt) / s)
+    return to_output_dtype(from_tiles(y, tile, tuple(x.shape)), x.dtype)
+
+
+def _fp8_block(kw: dict):
+    def forward(self: Mutant, weights, amax, fmt, variant=None, tile_2d=False, fp32_scale=False, **options):
+        return [_fp8_block_fq(w, tile_2d=tile_2d, fp32_scale=fp32_scale, **kw) for w in weights]
+
+    return forward
+
+
+def _tiles_wrong_axis(self, weights, amax, fmt, variant=None, tile_2d=False, **options):
+    if fmt == "fp8_block":
+        return [_fp8_block_fq(w, tile_2d=tile_2d, axis="out", **options) for w in weights]
+    return [_mx_fq(w, fmt, variant or R.default_variant(fmt), tile_2d=tile_2d, axis="out") for w in weights]
+
+
 def build_mutants() -> list[Mutant]:
     """Fresh instances of every built-in mutant (fresh caches), over the formats registered now:
     the INT mutants apply to every INT format (``_int_fq`` takes its grid from the registry), the
     NVFP4 ones to NVFP4 (they mutate steps of its op sequence), the rest to all formats."""
     all_formats = set(FORMATS)
+    with_amax = {f for f in all_formats if format_spec(f).takes_amax}
+    mx = {f for f in ("mxfp8", "mxfp4") if f in all_formats}
     ints = {f for f in all_formats if format_spec(f).is_int}
     int_fp8 = ints | {"fp8_e4m3"}
     per_channel = {f for f in int_fp8 if "per_channel" in format_spec(f).amax_granularities}
@@ -239,7 +322,7 @@ def build_mutants() -> list[Mutant]:
         Mutant("round-half-away", "rint replaced by round half away from zero", ints, _int_or_fp8({"rnd": "away"})),
         Mutant("bf16-truncate", "fp32 -> bf16 output truncated instead of rounded to nearest even", int_fp8, _int_or_fp8({"cast": "trunc"}, {"cast": "trunc"})),
         Mutant("dequant-reciprocal", "dequantization y = q * RN(1/s) instead of RN(q/s)", ints, _int_or_fp8({"dequant": "recip"})),
-        Mutant("neighbour-amax", "expert i reads the amax of expert i+1", all_formats, _neighbour_amax),
+        Mutant("neighbour-amax", "expert i reads the amax of expert i+1", with_amax, _neighbour_amax),
         Mutant("no-saturation", "no clamp of the quantized value when |x| > amax", int_fp8, _int_or_fp8({"clamp": False}, {"saturate": False})),
         Mutant("zero-amax-passthrough", "amax == 0 passes x through unquantized", int_fp8, _int_or_fp8({"tiny": "passthrough"}, {"tiny": "passthrough"})),
         Mutant("nvfp4-unrounded-block-scale", "NVFP4 block scale not rounded to E4M3", {"nvfp4"}, _nvfp4({"round_block_scale": False})),
@@ -247,10 +330,23 @@ def build_mutants() -> list[Mutant]:
         Mutant("nvfp4-tail-unwritten", "last partial NVFP4 block never written", {"nvfp4"}, _nvfp4({"write_tail": False})),
         Mutant("channel-wrong-axis", "per-channel amax broadcast along columns instead of rows", per_channel, _channel_wrong_axis),
         Mutant("ragged-expert0-size", "ragged experts processed with expert 0's element count", all_formats, _ragged_expert0_size),
-        Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", all_formats, _stale_cache),
-        Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", all_formats, None, _clipped_lt),
+        Mutant("stale-amax-cache", "amax vector cached on first call and never invalidated", with_amax, _stale_cache),
+        Mutant("clipped-ste-lt", "clipped STE keeps |x| < amax instead of <= amax", with_amax, None, _clipped_lt),
         Mutant("pass-through-drops-last", "pass-through gradient of the last expert dropped", all_formats, None, _drop_last_grad),
         Mutant("writes-into-inputs", "correct outputs, but written into the input weights too (w.copy_(out))", all_formats, _writes_into_inputs),
         Mutant("declared-then-declined", "declares nvfp4 in formats, then raises NotImplementedError for it", {"nvfp4"} & all_formats | ints,
                _declines_nvfp4),
+        Mutant("mx-floor-for-ceil", "MX ceil rule computed with the floor rule (one binade low on most blocks)", mx,
+               _mx({"code_rule": MX.code_floor}), variants=frozenset({"ceil"})),
+        Mutant("fp8-block-dequant-division", "FP8 block-wise fp32 scales: y = RN(q / s) instead of RN(q * RN(1/s))",
+               {"fp8_block"} & all_formats, _fp8_block({"dequant": "div"})),
+        Mutant("mx-amax-through-bf16", "MX block amax rounded to bf16 before its exponent is taken", mx, _mx({"amax_bf16": True})),
+        Mutant("mx-inf-block-0xfe", "MX floor rule: an inf/NaN block gets code 0xFE (saturated) instead of 0xFF (NaN)", mx,
+               _mx({"nonfinite_code": 0xFE})),
+        Mutant("e8m0-code0-as-zero", "E8M0 code 0 decoded as 0 instead of 2**-127", mx, _mx({"code0_zero": True})),
+        Mutant("tile-wrong-axis", "blocks of 32 / 128 along out-features instead of in-features (1D blocks transposed)",
+               mx | ({"fp8_block"} & all_formats), _tiles_wrong_axis),
+        Mutant("fp8-block-pow2-up", "FP8 block-wise pow2 scale rounded up instead of down", {"fp8_block"} & all_formats, _fp8_block({"pow2": "ceil"})),
+        Mutant("fp8-block-nan-scale", "FP8 block-wise: a tile holding NaN keeps a NaN scale (TE's frexp gives 2**-1)",
+               {"fp8_block"} & all_formats, _fp8_block({"nan_scale": "nan"})),
     ]

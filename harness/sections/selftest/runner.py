@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from moe_fq_parity import reference
 from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, parse_case, suite as suite_cases, suite_table
 from moe_fq_parity.harness.backends import LoadedBackend, load
 from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
@@ -71,7 +70,7 @@ def _loaded(m: Mutant) -> LoadedBackend:
 
 
 def _applies(m: Mutant, case: Case) -> bool:
-    return case.fmt in m.formats and case.variant == reference.default_variant(case.fmt)
+    return m.implements(case.fmt, case.variant)
 
 
 class _InputCache:
