@@ -38,10 +38,7 @@ class ModeloptMXBackend:
     device = "cpu"
 
     def __init__(self) -> None:
-        self._missing = sorted({"mxfp8", "mxfp4"} - set(FORMATS))
-        # the contract wants a non-empty subset of the registry; without MX formats this backend is
-        # never available (``available`` says why)
-        self.formats = ({"mxfp8", "mxfp4"} & set(FORMATS)) or {"nvfp4"}
+        self.formats = {"mxfp8", "mxfp4"} & set(FORMATS)
 
     @staticmethod
     def upstream_version() -> Optional[str]:
@@ -51,14 +48,14 @@ class ModeloptMXBackend:
         mod, why = try_import(_QTENSOR)
         if mod is None:
             return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
-        if self._missing:
-            return False, f"{self.name} runs MX only and reference.FORMATS has no {', '.join(self._missing)}"
         return True, ""
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], fmt: str, **options) -> list[torch.Tensor]:
         ok, why = self.available()
-        if not ok or fmt not in self.formats:
-            raise ValueError(f"{self.name} does not run {fmt} here: {why or f'it runs {sorted(self.formats)}'}")
+        if not ok:
+            raise RuntimeError(why)
+        if fmt not in self.formats:
+            raise ValueError(f"{self.name} does not run {fmt}; it runs {sorted(self.formats)}")
         opts = dict(options)
         if opts.pop("variant", None) not in (None, "default"):
             raise ValueError(f"{self.name} is one implementation and has no variants")

@@ -91,10 +91,7 @@ class TorchaoBackend:
         self.name = "torchao" if mode == "floor" else f"torchao-{mode}"
         self.device = "cpu"
         wanted = set(_MX_ELEMENTS) | ({"nvfp4"} if mode == "floor" else set())
-        self._missing = sorted(set(_MX_ELEMENTS) - set(FORMATS))
-        # the contract wants a non-empty subset of the registry: without MX formats an MX-only mode
-        # names nvfp4 and is never available (``available`` says why)
-        self.formats = (wanted & set(FORMATS)) or {"nvfp4"}
+        self.formats = wanted & set(FORMATS)
 
     @staticmethod
     def upstream_version() -> Optional[str]:
@@ -104,18 +101,16 @@ class TorchaoBackend:
         return f"TorchaoBackend(mode={self.mode!r})"
 
     def available(self) -> tuple[bool, str]:
-        """torchao imports (its prototype MX and NVFP4 modules) and this tree registers a format it runs."""
+        """torchao imports (its prototype MX and NVFP4 modules)."""
         _, why = _torchao()
         if why:
             return False, why
-        if self.mode != "floor" and self._missing:
-            return False, f"{self.name} runs MX only and reference.FORMATS has no {', '.join(self._missing)}"
         return True, ""
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], fmt: str, **options) -> list[torch.Tensor]:
         """Quantize each expert with torchao and dequantize it back to the input dtype."""
-        if fmt not in self.formats or not self.available()[0]:
-            raise ValueError(f"{self.name} does not run {fmt} here: {self.available()[1] or f'it runs {sorted(self.formats)}'}")
+        if fmt not in self.formats:
+            raise ValueError(f"{self.name} does not run {fmt}; it runs {sorted(self.formats)}")
         opts = dict(options)
         if opts.pop("variant", None) not in (None, "default"):
             raise ValueError(f"{self.name} is one implementation and has no variants")
