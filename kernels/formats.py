@@ -41,6 +41,7 @@ DECLINED: dict[str, str] = {
     "mxfp8": "MX (E8M0 block scales from the data) is in the reference spec, not yet in the kernel",
     "mxfp4": "MX (E8M0 block scales from the data) is in the reference spec, not yet in the kernel",
     "fp8_block": "FP8 block-wise (1x128 / 128x128 tile scales from the data) is in the reference spec, not yet in the kernel",
+    "int4_group": "INT4 group-wise (one scale per 128 from the block amax) is in the reference spec, not yet in the kernel",
 }
 """Registered formats the kernels decline, with the reason (``decline_reason``)."""
 

@@ -2,7 +2,7 @@
 
 Each format lives in one module whose docstring is its numeric contract:
 ``int_quant`` (INT8/INT4), ``fp8_e4m3``, ``nvfp4``, ``mx`` (MXFP8/MXFP4), ``fp8_block`` (FP8
-block-wise); ``ste`` is the backward, ``calibration``
+block-wise), ``int_group`` (INT4 group-wise); ``ste`` is the backward, ``calibration``
 the max calibration, ``rounding`` the shared device-independent rounding primitives.
 ``formats`` is the registry: one ``FormatSpec`` per format (variants, options, granularities,
 grid, input rules); everything else asks it (``format_spec(fmt)``, ``FORMATS``).

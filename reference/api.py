@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .formats import format_spec
-from .granularity import check_input, granularity_of
+from .granularity import FROM_DATA, check_input, granularity_of
 from .result import FakeQuantResult
 from .ste import DEFAULT_CLIP_RULE, ste_backward
 
@@ -34,6 +34,8 @@ def _variant_fn(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | No
     spec = format_spec(fmt)
     name = spec.resolve_variant(variant)
     spec.check_options(name, options)
+    if amax is None and spec.takes_amax:
+        raise TypeError(spec.granularity_problem(FROM_DATA))
     if amax is None or isinstance(amax, torch.Tensor):
         check_input(x)
         spec.check_granularity(granularity_of(x, amax))
@@ -49,11 +51,11 @@ def fake_quant(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant:
     """Fake-quantize ``x`` (``[..., out, in]``) to ``fmt`` with ``amax``; output dtype = ``x.dtype``.
 
     * ``fmt``: a registered format (``reference.FORMATS``: ``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``,
-      ``mxfp8``, ``mxfp4``, ``fp8_block``).
+      ``mxfp8``, ``mxfp4``, ``fp8_block``, ``int4_group``).
     * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``, where
       the format takes it (``FormatSpec.amax_granularities``; NVFP4: per tensor or per expert);
       ``None`` for a format whose scales come from the data (granularity ``from_data``: MX, FP8
-      block-wise), and only for those.
+      block-wise, INT4 group-wise), and only for those.
     * ``variant``: ``None``/``"default"`` or a name from ``variants(fmt)``.
     * ``options``: the format's options (``FormatSpec.options``: INT ``unsigned``, ``narrow_range``;
       NVFP4 ``block_size``, and ``block_amax`` for ``modelopt_static``), type-checked.
@@ -61,14 +63,16 @@ def fake_quant(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant:
     return fake_quant_traced(x, amax, fmt, variant, **options).out
 
 
-def split_expert_amax(weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+def split_expert_amax(weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], *, fmt: Optional[str] = None
+                      ) -> list[Optional[torch.Tensor]]:
     """Split ``[N]`` (per expert) or ``[N, out]`` (per channel) amax into one amax per expert;
-    ``None`` (a format without amax) gives ``None`` for every expert.
+    ``amax=None`` with the ``fmt`` of a format that takes no amax gives ``None`` for every expert.
 
-    Raises ``ValueError`` when the amax does not fit the list (count or per-channel rows).
+    Raises ``ValueError`` when the amax does not fit the list (count or per-channel rows),
+    ``TypeError`` when it is not a tensor (``None`` included, unless ``fmt`` takes no amax).
     """
     n = len(weights)
-    if amax is None:
+    if amax is None and fmt is not None and not format_spec(fmt).takes_amax:
         return [None] * n
     if not isinstance(amax, torch.Tensor):
         raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
@@ -102,7 +106,11 @@ def fake_quant_experts(
     spec.check_options(variant, options if block_amax is None else {**options, "block_amax": torch.zeros(0)})
     if block_amax is not None and (not isinstance(block_amax, (list, tuple)) or len(block_amax) != len(weights)):
         raise TypeError(f"block_amax must be a list of one tensor per expert ({len(weights)}), got {type(block_amax).__name__}")
-    per = split_expert_amax(weights, amax)
+    if amax is None and spec.takes_amax:  # whether an amax is passed at all is checked even for N = 0
+        raise TypeError(spec.granularity_problem(FROM_DATA))
+    if amax is not None and not spec.takes_amax:
+        raise ValueError(spec.granularity_problem("per_expert"))
+    per = split_expert_amax(weights, amax, fmt=fmt)
     out = []
     for i, (w, a) in enumerate(zip(weights, per)):
         kw = dict(options)
@@ -113,13 +121,14 @@ def fake_quant_experts(
 
 
 def ste_backward_experts(
-    weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], mode: str,
-    *, clip_rule: str = DEFAULT_CLIP_RULE,
+    weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], grads: Sequence[torch.Tensor], mode: str,
+    *, clip_rule: str = DEFAULT_CLIP_RULE, fmt: Optional[str] = None,
 ) -> list[torch.Tensor]:
     """Per-expert straight-through backward (see ``reference.ste``; each expert's amax is its own
     0-dim or ``[out]`` tensor, so ``clip_rule="torch_promotion"`` compares per-expert amax in the
-    weights' dtype and per-channel amax in fp32)."""
+    weights' dtype and per-channel amax in fp32).  ``amax=None`` needs the ``fmt`` of a format
+    without amax (``split_expert_amax``)."""
     if len(grads) != len(weights):
         raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
-    per = split_expert_amax(weights, amax)
+    per = split_expert_amax(weights, amax, fmt=fmt)
     return [ste_backward(w, a, g, mode, clip_rule=clip_rule) for w, a, g in zip(weights, per, grads)]

@@ -36,6 +36,9 @@ E8M0_NAN = 255
 FP8_BLOCK = 128
 """FP8 block-wise tiles: 1x128 along in-features, or 128x128."""
 
+INT4_GROUP = 128
+"""INT4 group-wise block: 128 elements along in-features share one scale (Model-Optimizer ``int4_per_block``)."""
+
 TINY_AMAX = 2.0**-24
 """5.96e-08.  INT: amax < TINY_AMAX gives an all-zero output.  FP8: amax <= TINY_AMAX is treated as 1."""
 

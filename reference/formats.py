@@ -17,7 +17,7 @@ A spec states what the rest of the package needs to know about a format:
   (``Option.nonnegative_input``: INT ``unsigned``).
 
 The numeric code of each format stays in its module (``int_quant``, ``fp8_e4m3``, ``nvfp4``, ``mx``,
-``fp8_block``), whose
+``fp8_block``, ``int_group``), whose
 docstring is the format's numeric contract; this module only names and describes it.  The reference
 dispatch (``reference.api``), the cases, the harness, the self-test mutants and the kernels' option
 parsing ask the registry (``format_spec``, ``FORMATS``) instead of spelling format names.
@@ -38,13 +38,14 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Union
 
 import torch
 
-from . import fp8_block, fp8_e4m3, int_quant, mx, nvfp4
+from . import fp8_block, fp8_e4m3, int_group, int_quant, mx, nvfp4
 from .constants import (
     E2M1_MAX,
     E4M3_MANTISSA_BITS,
     E4M3_MAX,
     E4M3_MIN_NORMAL_EXP,
     FP8_BLOCK,
+    INT4_GROUP,
     MX_BLOCK,
     NVFP4_BLOCK,
     NVFP4_GLOBAL_SCALE_NUM,
@@ -452,5 +453,10 @@ register_format(FormatSpec(
     options=(_TILE_2D, Option("fp32_scale", bool, "fp32 tile scales instead of powers of two", variants=frozenset({"te"}), code="fp32s")),
     amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(FP8_BLOCK, FP8_BLOCK, "fp32 or pow2"),
     doc="FP8 E4M3 block-wise: one scale per 1x128 block or 128x128 tile (reference.fp8_block)",
+))
+register_format(FormatSpec(
+    "int4_group", IntGrid(4), int_group.VARIANTS, int_group.DEFAULT_VARIANT,
+    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(INT4_GROUP, None, "fp32 (7/amax)"), rejects_nan=True,
+    doc="INT4 group-wise: one scale per 128 along in-features from the block amax (reference.int_group)",
 ))
 _BUILTIN.update(_REGISTRY)

@@ -25,9 +25,9 @@ class EagerLoopBackend:
         return set(FORMATS)
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> list[torch.Tensor]:
-        per = reference.split_expert_amax(weights, amax)
+        per = reference.split_expert_amax(weights, amax, fmt=fmt)
         return [reference.fake_quant(w, a, fmt, variant, **options) for w, a in zip(weights, per)]
 
     def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[torch.Tensor]:
-        per = reference.split_expert_amax(weights, amax)
+        per = reference.split_expert_amax(weights, amax, fmt=fmt)
         return [reference.ste_backward(w, a, g, mode) for w, a, g in zip(weights, per, grads)]

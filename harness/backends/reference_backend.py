@@ -64,7 +64,7 @@ class ReferenceBackend:
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options) -> list[torch.Tensor]:
         if _stackable(weights) and "block_amax" not in options:
-            reference.split_expert_amax(weights, amax)
+            reference.split_expert_amax(weights, amax, fmt=fmt)
             out: list[torch.Tensor] = []
             for start, stop in expert_chunks(len(weights), weights[0].numel(), self.chunk_elements):
                 chunk = torch.stack(list(weights[start:stop]))
@@ -92,4 +92,4 @@ class ReferenceBackend:
 
     def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[torch.Tensor]:
         """STE does not depend on the format's options; they are accepted and not used (per expert)."""
-        return reference.ste_backward_experts(weights, amax, grads, mode)
+        return reference.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)

@@ -30,7 +30,7 @@ def check_backward(ctx: CheckContext, mode: str):
         return record(ctx, check, "skip", undeclared_reason(be, case.fmt))
     if not callable(getattr(be, "ste_backward", None)):
         return record(ctx, check, "skip", "backend has no ste_backward (optional in the contract)")
-    per = split_expert_amax(inputs.weights, inputs.amax)
+    per = split_expert_amax(inputs.weights, inputs.amax, fmt=case.fmt)
     if len(inputs.grads) != len(inputs.weights):
         raise ValueError(f"{len(inputs.grads)} gradients for {len(inputs.weights)} experts")
     call = call_backend(ctx, lambda: be.ste_backward(inputs.weights, inputs.amax, inputs.grads, case.fmt, mode, **call_options(case)))

@@ -51,7 +51,7 @@ def expected_forward(inputs) -> Expected:
     case = inputs.case
     start = time.perf_counter()
     try:
-        per = split_expert_amax(inputs.weights, inputs.amax)
+        per = split_expert_amax(inputs.weights, inputs.amax, fmt=case.fmt)
         outputs = [reference.fake_quant(w, a, case.fmt, case.variant, **reference_options(case)) for w, a in zip(inputs.weights, per)]
     except (ValueError, TypeError) as exc:
         return Expected(None, f"{type(exc).__name__}: {exc}")
@@ -63,7 +63,7 @@ def expected_forward(inputs) -> Expected:
 def trace_expert(inputs, e: int) -> FakeQuantResult:
     """The reference's traced result (output and fp32 pre-rounding values) of expert ``e``."""
     case = inputs.case
-    amax = split_expert_amax(inputs.weights, inputs.amax)[e]
+    amax = split_expert_amax(inputs.weights, inputs.amax, fmt=case.fmt)[e]
     return reference.fake_quant_traced(inputs.weights[e], amax, case.fmt, case.variant, **reference_options(case))
 
 

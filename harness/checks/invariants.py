@@ -210,7 +210,7 @@ def check_recalibrate(ctx: CheckContext):
     second = call_backend(ctx, lambda: be.fake_quant(inputs.weights, new_amax, case.fmt, **opts))
     if (problem := problems_of(second, inputs.weights)) is not None:
         return record(ctx, check, "fail", f"call after recalibration: {problem}")
-    old_per = split_expert_amax(inputs.weights, inputs.amax)
+    old_per = split_expert_amax(inputs.weights, inputs.amax, fmt=case.fmt)
 
     def old_amax_explains(e: int, differ: torch.Tensor, got: torch.Tensor) -> int:
         """Mismatching elements of expert ``e`` that equal the reference for the *old* amax."""

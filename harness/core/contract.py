@@ -9,9 +9,11 @@ A *backend* is any object with:
   - ``weights``: a sequence of N expert tensors ``[out_i, in_i]`` on one device (ragged shapes
     and empty experts allowed);
   - ``amax``: fp32, ``[N]`` per expert or ``[N, out]`` per channel (NVFP4: the per-expert global
-    amax ``[N]``), on the weights' device;
+    amax ``[N]``), on the weights' device; ``None`` for a format that takes no amax (MX, FP8
+    block-wise: ``FormatSpec.takes_amax`` false, scales from the data per tile);
   - ``options``: ``variant`` (a reference variant name, default ``None``), INT ``narrow_range``
-    and ``unsigned``, NVFP4 ``block_size``; a backend raises ``TypeError``/``ValueError`` for an
+    and ``unsigned``, NVFP4 ``block_size``, ``tile_2d`` (MX, FP8 block-wise, NVFP4 ``te``),
+    ``fp32_scale`` (FP8 block-wise ``te``); a backend raises ``TypeError``/``ValueError`` for an
     option it does not implement (never ignores it);
   - returns N tensors with the input's shape, dtype and device.
 

@@ -160,3 +160,12 @@ def test_tiny_amax_cycle_has_both_sides_of_threshold():
     t = make_inputs(_case(granularity="per_channel", dist="normal", amax="tiny")).amax.reshape(-1)
     assert {float(x) for x in t} >= {2.0**-25, 2.0**-24, 2.0**-23} and any(2.0**-24 < float(x) < 2.0**-23 for x in t)
     assert not any(math.isnan(float(x)) for x in t)
+
+
+def test_strategies_draw_formats_without_amax_as_from_data():
+    from hypothesis import find
+
+    c = find(case_strategy(formats=("mxfp8", "fp8_block", "int4_group")), lambda c: c.dist == "tile_edges" and ("tile_2d", True) in c.options)
+    assert c.granularity == "from_data" and c.amax == "none" and make_inputs(c).amax is None
+    d = find(case_strategy(formats=("mxfp4",)), lambda c: c.dist == "tile_specials")
+    assert d.granularity == "from_data" and d.amax == "none"

@@ -20,7 +20,7 @@ class _Base:
         return reference.fake_quant_experts(weights, amax, fmt, variant, **options)
 
     def ste_backward(self, weights, amax, grads, fmt, mode, **options):
-        return reference.ste_backward_experts(weights, amax, grads, mode)
+        return reference.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
 
 
 class StepVariant(_Base):

@@ -15,6 +15,9 @@ harness), while the built-in mutants stay killed.  Loaded as ``tests.harness.cor
 * ``other_device``   -- the backend names a device other than the inputs' default (``cpu`` on a CUDA
   host; the explicit ``cpu:0`` spelling on a CPU-only host).
 * ``one_buffer``     -- all experts' outputs are views of one flat buffer.
+* ``numpy_mx``       -- MXFP8 and MXFP4, every variant and ``tile_2d``, from the independent numpy /
+  ``math`` evaluation of ``tests/reference/block_oracle.py`` (tiles as numpy slices, exponents from
+  ``math.frexp``); its NaN outputs are numpy's quiet NaN.
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ class _ReferenceValues:
         return self._ref(weights, amax, fmt, variant, **options)
 
     def ste_backward(self, weights, amax, grads, fmt, mode, **options) -> list[Tensor]:
-        return reference.ste_backward_experts(weights, amax, grads, mode)
+        return reference.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
 
 
 _OTHER_NAN = {torch.bfloat16: -0x3F, torch.float16: -0x1FF, torch.float32: -0x3FFFFF}
@@ -231,5 +234,33 @@ strided_outputs = StridedOutputs()
 other_device = OtherDevice()
 one_buffer = OneBuffer()
 
-ALL = ("numpy_fp32", "nan_payload", "pass_through_copy", "strided_outputs", "other_device", "one_buffer")
+class NumpyMX:
+    """MXFP8/MXFP4 from ``tests.reference.block_oracle`` (see the module docstring)."""
+
+    name = "numpy-mx"
+    formats = {"mxfp8", "mxfp4"}
+    device = "cpu"
+
+    def fake_quant(self, weights: Sequence[Tensor], amax, fmt: str, variant=None, tile_2d: bool = False, **options) -> list[Tensor]:
+        from tests.reference.block_oracle import mx_fake_quant
+
+        if fmt not in self.formats or amax is not None or options:
+            raise NotImplementedError(f"{fmt} with amax {type(amax).__name__} and options {sorted(options)} is not implemented")
+        tile = (32, 32) if tile_2d else (1, 32)
+        out = []
+        for w in weights:
+            x = w.to(torch.float32).numpy()
+            y = mx_fake_quant(x, fmt, variant or default_variant(fmt), tile) if x.size else np.zeros(x.shape, np.float32)
+            out.append(torch.from_numpy(y).to(w.dtype))
+        return out
+
+    def ste_backward(self, weights, amax, grads, fmt: str, mode: str, **options) -> list[Tensor]:
+        if mode == "pass_through":
+            return list(grads)
+        return [torch.where(torch.isnan(w), torch.zeros((), dtype=g.dtype), g) for w, g in zip(weights, grads)]
+
+
+numpy_mx = NumpyMX()
+
+ALL = ("numpy_fp32", "nan_payload", "pass_through_copy", "strided_outputs", "other_device", "one_buffer", "numpy_mx")
 """Object names of this module, for ``--backend tests.harness.correct_backends:NAME``."""

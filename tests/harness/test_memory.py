@@ -48,7 +48,7 @@ def test_expert_chunks_cover_every_expert_once_in_whole_experts():
 def test_chunked_reference_gives_the_bits_of_one_call_over_the_stack():
     """Every stacked ci case, every format/variant/granularity: chunks of 1-2 experts == one call."""
     cases = _stacked_cases()
-    assert {c.fmt for c in cases} == set(reference.FORMATS) and {c.granularity for c in cases} == {"per_expert", "per_channel"}
+    assert {c.fmt for c in cases} == set(reference.FORMATS) and {c.granularity for c in cases} == {"per_expert", "per_channel", "from_data"}
     compared = 0
     for case in cases:
         inputs = make_inputs(case, 1234)

@@ -14,4 +14,22 @@ def test_kernel_sixth_is_rn_fp32_of_one_sixth() -> None:
 
 
 def test_default_variants_equal_the_reference() -> None:
-    assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in reference.FORMATS}
+    from moe_fq_parity.kernels.formats import DECLINED, decline_reason
+
+    assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in reference.FORMATS if f not in DECLINED}
+    assert set(K.DEFAULT_VARIANTS) | set(DECLINED) == set(reference.FORMATS) and not set(K.DEFAULT_VARIANTS) & set(DECLINED)
+    assert all("not yet in the kernel" in decline_reason(f) for f in DECLINED) and decline_reason("int8") == ""
+
+
+def test_new_formats_are_declined_with_the_reason() -> None:
+    import pytest
+
+    from moe_fq_parity.harness.backends.triton_backend import TritonBackend
+
+    for fmt in ("mxfp8", "mxfp4", "fp8_block", "int4_group"):
+        with pytest.raises(ValueError, match="not yet in the kernel"):
+            K.parse_spec(fmt, None, {})
+        ok, why = TritonBackend().format_available(fmt)
+        assert not ok and "not yet in the kernel" in why
+    with pytest.raises(ValueError, match="1x16 blocks only"):
+        K.parse_spec("nvfp4", None, {"tile_2d": True})

@@ -150,3 +150,27 @@ def fp8_block_fake_quant(x: np.ndarray, variant: str, tile: tuple[int, int], fp3
             else:
                 raise ValueError(variant)
     return y
+
+
+def int4_group_fake_quant(x: np.ndarray, variant: str) -> np.ndarray:
+    """fp32 output of INT4 group-wise fake quant (blocks of 128 along the last dim) of 2-D fp32 ``x``."""
+    f = np.float32
+    y = np.zeros_like(x, dtype=np.float32)
+    tiny = f(2.0**-24)
+    for rs, cs in _tiles(x, (1, 128)):
+        blk = x[rs, cs].astype(np.float32)
+        a = f(np.max(np.abs(blk))) if blk.size else f(0.0)
+        with np.errstate(all="ignore"):
+            if variant == "step":
+                step = f(a / f(7.0))
+                out = (np.clip(np.rint((blk / step).astype(np.float32)), -8, 7) * step).astype(np.float32)
+                out = np.zeros_like(blk) if a < tiny else out
+            elif variant == "cuda":
+                s = f(f(7.0) / a)
+                out = (np.clip(np.rint((blk * s).astype(np.float32)), -8, 7) / s).astype(np.float32)
+                out = np.zeros_like(blk) if a < tiny else out
+            else:  # eager / reciprocal: scale 0 at a <= 2**-24, then divided by 1
+                s = f(0.0) if a <= tiny else (f(f(7.0) / a) if variant == "eager" else f(f(f(1.0) / a) * f(7.0)))
+                out = (np.clip(np.rint((blk * s).astype(np.float32)), -8, 7) / (f(1.0) if a <= tiny else s)).astype(np.float32)
+        y[rs, cs] = out
+    return y

@@ -1,4 +1,4 @@
-"""The MX and FP8 block-wise reference against an independent numpy/``math`` evaluation
+"""The MX, FP8 block-wise and INT4 group-wise reference against an independent numpy/``math`` evaluation
 (``block_oracle``) on every CI case of those formats: the tile patterns (scale boundaries and one
 ulp either side, all-zero / inf / NaN / tiny / subnormal / dtype-max tiles), partial tiles, empty
 experts, bf16 / fp16 / fp32, every variant and option."""
@@ -11,7 +11,7 @@ import torch
 from moe_fq_parity import reference as R
 from moe_fq_parity.cases import make_inputs, suite
 
-from .block_oracle import fp8_block_fake_quant, mx_fake_quant
+from .block_oracle import fp8_block_fake_quant, int4_group_fake_quant, mx_fake_quant
 
 CASES = [c for c in suite("ci") if not R.format_spec(c.fmt).takes_amax]
 
@@ -22,6 +22,8 @@ def _oracle(case, w: torch.Tensor) -> torch.Tensor:
     tile = R.format_spec(case.fmt).tiles.tile(opts)
     if case.fmt == "fp8_block":
         y = fp8_block_fake_quant(x, case.variant, tile, bool(opts.get("fp32_scale")))
+    elif case.fmt == "int4_group":
+        y = int4_group_fake_quant(x, case.variant)
     else:
         y = mx_fake_quant(x, case.fmt, case.variant, tile)
     return torch.from_numpy(y).to(w.dtype)
@@ -33,15 +35,19 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def test_the_oracle_cases_cover_every_variant_and_pattern():
     seen = {(c.fmt, c.variant, c.dist) for c in CASES}
-    for fmt in ("mxfp8", "mxfp4", "fp8_block"):
+    for fmt in ("mxfp8", "mxfp4", "fp8_block", "int4_group"):
         for v in R.variants(fmt):
-            assert {(fmt, v, "tile_edges"), (fmt, v, "tile_specials")} <= seen
+            assert (fmt, v, "tile_edges") in seen and ((fmt, v, "tile_specials") in seen or R.format_spec(fmt).rejects_nan)
     assert {c.dtype for c in CASES} == {"bf16", "fp16", "fp32"} and any(c.empty for c in CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_reference_equals_the_numpy_oracle(case):
     inp = make_inputs(case)
+    if R.format_spec(case.fmt).rejects_nan and any(bool((~torch.isfinite(w.float())).any()) for w in inp.weights):
+        with pytest.raises(ValueError, match="NaN"):
+            R.fake_quant_experts(inp.weights, inp.amax, case.fmt, case.variant, **case.option_dict)
+        return
     got = R.fake_quant_experts(inp.weights, inp.amax, case.fmt, case.variant, **case.option_dict)
     for e, (w, y) in enumerate(zip(inp.weights, got)):
         want = _oracle(case, w)

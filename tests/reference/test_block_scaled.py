@@ -133,6 +133,8 @@ def test_no_amax_api_zero_size_experts_and_backward(fmt):
     g = torch.tensor([[5.0, 6.0, 7.0, 8.0]])
     assert R.ste_backward(x, None, g, "pass_through") is g
     assert torch.equal(R.ste_backward(x, None, g, "clipped"), torch.tensor([[5.0, 0.0, 7.0, 8.0]]))
-    assert torch.equal(R.ste_backward_experts(ws, None, [torch.ones_like(w) for w in ws], "clipped")[1], torch.ones(3, 40).bfloat16())
+    assert torch.equal(R.ste_backward_experts(ws, None, [torch.ones_like(w) for w in ws], "clipped", fmt=fmt)[1], torch.ones(3, 40).bfloat16())
+    with pytest.raises(TypeError, match="amax must be a torch.Tensor"):
+        R.ste_backward_experts(ws, None, [torch.ones_like(w) for w in ws], "clipped")  # None needs a format without amax
     with pytest.raises(TypeError, match="amax must be a torch.Tensor"):
         R.ste_backward(x, 1.0, g, "clipped")  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ class ZeroAtNonFinite:
         return [torch.where(torch.isfinite(w), o, torch.zeros_like(o)) for w, o in zip(weights, out)]
 
     def ste_backward(self, weights, amax, grads, fmt, mode, **options):
-        return reference.ste_backward_experts(weights, amax, grads, mode)
+        return reference.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
 
 
 zero_at_nonfinite = ZeroAtNonFinite()

@@ -140,7 +140,7 @@ class Mutant:
 
     def ste_backward(self, weights, amax, grads, fmt, mode, **options) -> list[Tensor]:
         if self.backward is None:
-            return R.ste_backward_experts(weights, amax, grads, mode)
+            return R.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
         return self.backward(self, list(weights), amax, list(grads), fmt, mode)
 
 
@@ -218,7 +218,7 @@ def _clipped_lt(self, weights, amax, grads, fmt, mode):
 
 
 def _drop_last_grad(self, weights, amax, grads, fmt, mode):
-    out = R.ste_backward_experts(weights, amax, grads, mode)
+    out = R.ste_backward_experts(weights, amax, grads, mode, fmt=fmt)
     if out and mode == "pass_through":
         out[-1] = torch.zeros_like(out[-1])
     return out
@@ -301,7 +301,17 @@ def _fp8_block(kw: dict):
     return forward
 
 
+def _int4_group_fq(x: Tensor, *, axis="in", tiny="zero") -> Tensor:
+    """``reference.int_group`` variant ``cuda`` for one expert, one step selectable (mutated)."""
+    tile = (128, 1) if axis == "out" else (1, 128)
+    xt = to_tiles(x.float(), tile)
+    y = _int_fq(xt, xt.abs().amax(dim=-1), "int4", tiny=tiny, cast="rne")
+    return to_output_dtype(from_tiles(y.float(), tile, tuple(x.shape)), x.dtype)
+
+
 def _tiles_wrong_axis(self, weights, amax, fmt, variant=None, tile_2d=False, **options):
+    if fmt == "int4_group":
+        return [_int4_group_fq(w, axis="out") for w in weights]
     if fmt == "fp8_block":
         return [_fp8_block_fq(w, tile_2d=tile_2d, axis="out", **options) for w in weights]
     return [_mx_fq(w, fmt, variant or R.default_variant(fmt), tile_2d=tile_2d, axis="out") for w in weights]
@@ -314,7 +324,7 @@ def build_mutants() -> list[Mutant]:
     all_formats = set(FORMATS)
     with_amax = {f for f in all_formats if format_spec(f).takes_amax}
     mx = {f for f in ("mxfp8", "mxfp4") if f in all_formats}
-    ints = {f for f in all_formats if format_spec(f).is_int}
+    ints = {f for f in with_amax if format_spec(f).is_int}
     int_fp8 = ints | {"fp8_e4m3"}
     per_channel = {f for f in int_fp8 if "per_channel" in format_spec(f).amax_granularities}
     return [
@@ -345,7 +355,9 @@ def build_mutants() -> list[Mutant]:
                _mx({"nonfinite_code": 0xFE})),
         Mutant("e8m0-code0-as-zero", "E8M0 code 0 decoded as 0 instead of 2**-127", mx, _mx({"code0_zero": True})),
         Mutant("tile-wrong-axis", "blocks of 32 / 128 along out-features instead of in-features (1D blocks transposed)",
-               mx | ({"fp8_block"} & all_formats), _tiles_wrong_axis),
+               mx | ({"fp8_block", "int4_group"} & all_formats), _tiles_wrong_axis),
+        Mutant("int4-group-zero-amax-passthrough", "INT4 group-wise: a block with amax 0 passes x through (no zero-amax rule)",
+               {"int4_group"} & all_formats, lambda self, weights, amax, fmt, **o: [_int4_group_fq(w, tiny="passthrough") for w in weights]),
         Mutant("fp8-block-pow2-up", "FP8 block-wise pow2 scale rounded up instead of down", {"fp8_block"} & all_formats, _fp8_block({"pow2": "ceil"})),
         Mutant("fp8-block-nan-scale", "FP8 block-wise: a tile holding NaN keeps a NaN scale (TE's frexp gives 2**-1)",
                {"fp8_block"} & all_formats, _fp8_block({"nan_scale": "nan"})),
