@@ -100,19 +100,22 @@ then ``NVFP4Tensor.dequantize``; the order of its CPU torch code)::
     3. s8   = e4m3(clamp(RN(bs / pts), 2**-6, 448))    the scale never falls below 2**-6 (the
                                             smallest normal E4M3): a zero block gets 2**-6, not 0
     4. v    = RN(x * RN(RN(1 / pts) / s8))
-    5. q    = e2m1(v)                       ties to even, ±6 saturation, signed zeros kept
+    5. q    = e2m1(v)                       ties to even, ±6 saturation, signed zeros kept; a NaN v
+                                            gives a code from its bits (below)
     6. y    = RN(q * RN(pts * s8));  out = RNE_dtype(y)
 
 ``g = 0`` makes ``pts = 0`` and ``RN(1/pts) = inf``: a zero block gets ``s8 = NaN`` (``0/0``) and
-NaN outputs; in any other block ``s8 = 448``, every zero element gives NaN (``0 * inf``) and every
-other element ``±0`` (``±6 * RN(0 * 448)``).  NaN outputs are the canonical NaN here; torchao's CPU
-cast keeps torch's NaN bits (``variant_match`` counts NaN payloads apart).  The same NaN arises at
-a tiny ``g`` whose ``RN(1/pts)`` overflows (``g`` below ``2688 / FP32_MAX``, about ``7.9e-36``): zero
-elements give ``0 * inf``.  There torchao differs from this variant: its E2M1 converter has no NaN
-(``f32_to_f4_unpacked`` works on the bits) and turns the NaN into a code, which its dequantize
-multiplies by ``RN(pts * s8)`` (0 or an fp32 subnormal): a finite output where this variant gives
-NaN (measured: 510 of the 112,896 elements of ``variant_match``'s ``calibrated_tiny`` case, at
-``g = 2**-133`` and ``2**-126``; every other element of the 821,472 NVFP4 match elements equal).
+NaN outputs; in any other block ``s8 = 448`` and every element gives ``±0`` (``q * RN(0 * 448)``; a
+zero element has ``v = 0 * inf = NaN``, see step 5).  NaN outputs are the canonical NaN here;
+torchao's CPU cast keeps torch's NaN bits (``variant_match`` counts NaN payloads apart).  The same
+``v = NaN`` arises at a tiny ``g`` whose ``RN(1/pts)`` overflows (``g`` below ``2688 / FP32_MAX``,
+about ``7.9e-36``) for every zero element.  Step 5 is torchao's E2M1 converter (``f32_to_f4_unpacked``),
+which has no NaN: it works on the bits and turns a NaN ``v`` into a code (``round_to_e2m1_torchao``:
+±1, ±1.5 or ±2 by the NaN's bits and sign; on x86 CPU ``0 * inf`` is the NaN ``0xFFC00000``, so
+-1.5), which step 6 multiplies by ``RN(pts * s8)`` (0 or an fp32 subnormal): a finite output, as
+torchao gives (before this rule: 510 of the 112,896 elements of ``variant_match``'s
+``calibrated_tiny`` case differed, at ``g = 2**-133`` and ``2**-126``).  Only where ``s8`` or
+``pts * s8`` is NaN (a zero block at ``g = 0``, a NaN input) is the output NaN.
 torch's CUDA ``tensor / python-float`` multiplies by the reciprocal; steps 1-2 are true divisions as
 on the CPU.
 """
@@ -210,9 +213,24 @@ def nvfp4_torchao(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
     bs = xb.abs().amax(dim=-1, keepdim=True) / fp32_scalar_like(E2M1_MAX, xf)
     s8 = round_to_e4m3(torch.clamp(bs / pts, min=E4M3_MIN_NORMAL, max=E4M3_MAX))
     v = xb * ((fp32_scalar_like(1.0, xf) / pts) / s8)
-    y = round_to_e2m1(v) * (pts * s8)
+    y = round_to_e2m1_torchao(v) * (pts * s8)
     n = x.shape[-1]
     return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+
+
+def round_to_e2m1_torchao(v: torch.Tensor) -> torch.Tensor:
+    """torchao 0.18.0 ``f32_to_f4_unpacked`` (``prototype/custom_fp_utils.py``
+    ``_f32_to_floatx_unpacked``) as fp32 values: ``round_to_e2m1`` for every non-NaN ``v``; a NaN ``v``
+    takes the normal-range branch on its bits ``b`` (sign cleared): magnitude code
+    ``((b - (126 << 23) + 0x1FFFFF + ((b >> 22) & 1)) >> 22) & 0xFF`` (2, 3 or 4 for any NaN: E2M1 1, 1.5
+    or 2), sign from ``v``'s sign bit."""
+    bits = v.view(torch.int32)
+    mag = bits & 0x7FFFFFFF
+    code = ((mag - (126 << 23) + 0x1FFFFF + ((mag >> 22) & 1)) >> 22) & 0xFF
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=v.device)
+    nan_val = table[code.clamp(0, 7)]
+    nan_val = torch.where(bits < 0, -nan_val, nan_val)
+    return torch.where(torch.isnan(v), nan_val, round_to_e2m1(v))
 
 
 def static_block_scales(bamax: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -57,15 +57,17 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("torchao", "nvfp4"): "torchao",
     **{("modelopt-mx", f): "modelopt" for f in ("mxfp8", "mxfp4")},
     **{(f"torchao-{m}" if m != "floor" else "torchao", f): f"torchao_{m}" for m in ("floor", "ceil", "even") for f in ("mxfp8", "mxfp4")},
-    **{("torchao-rceil", f): "te" for f in ("mxfp8", "mxfp4")},
+    **{("torchao-rceil", f): "torchao_rceil" for f in ("mxfp8", "mxfp4")},
 }
 """The reference variant each external path is expected to match (docs/measured.md §5-§8 and the
 variants' docstrings).  ``te`` FP8 is handed the ``cuda`` scale (tiny amax as 1) by its adapter;
 ``te-current`` computes ``RN(448/amax)`` itself with no tiny-amax rule, which is ``cuda`` only for
 amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``).
-torchao's FLOOR/CEIL/EVEN are expected to match variants ``torchao_<mode>`` (its exact rules, not yet in
-the reference: the OCP-named variants differ on Inf and code-0 blocks, see ``torchao_backend``); its
-RCEIL CPU path matches ``te`` (MXFP4: except fp32 amax at the fp32 subnormal edge)."""
+torchao's four MX modes are expected to match ``torchao_<mode>`` (``reference.mx``: FLOOR/CEIL/EVEN differ
+from the OCP-named variants on Inf and code-0 blocks; the RCEIL CPU path divides by the element max
+where ``te`` multiplies by its rounded reciprocal, which differs for MXFP4 at the fp32 subnormal
+edge); Model-Optimizer's MXFP4 matches ``modelopt``, whose MXFP4 element rule is its
+``mxfp4_tensor.py`` (ties toward zero, ``+0`` written as ``-0``)."""
 
 COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "per_case", "elements", "near_ties"]
 

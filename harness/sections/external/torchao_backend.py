@@ -16,7 +16,8 @@ fp32 input, and refuses a last dim that is not a multiple of 32: such experts ar
 ``RCEIL`` runs torchao's eager fallback (``_to_mx_rceil``): ``d = RN(A / max)``,
 ``c = clamp(ceil(log2 d), -127, 127) + 127`` with fp32 ``torch.log2``, Inf -> 254, NaN -> 255, and
 the reciprocal scale 1 for code 0; on Blackwell under ``torch.compile`` it runs
-``cvt.rp.satfinite.ue8m0x2.f32`` instead (not this backend).
+``cvt.rp.satfinite.ue8m0x2.f32`` instead (not this backend).  Each mode matches the reference variant
+``torchao_<mode>`` of ``mxfp8`` / ``mxfp4`` bit for bit (``reference.mx`` states the op sequences).
 
 NVFP4 (two-level, per-expert global amax ``g``): ``NVFP4Tensor.to_nvfp4(w, per_tensor_scale=RN(g /
 2688))`` (torchao's ``per_tensor_amax_to_scale``), then ``.dequantize(w.dtype)``; blocks of 16 on

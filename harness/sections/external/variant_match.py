@@ -156,7 +156,7 @@ def _reference(case: Case, fmt: str, variant: str, options: dict) -> tuple[torch
         tr = reference.fake_quant_traced(case.stacked, case.stacked_amax, fmt, variant, **options)
         return tr.out.reshape(-1), tr.pre_round.reshape(-1), tr.grid_round
     outs, pres, grid = [], [], None
-    for w, a in zip(case.weights, reference.split_expert_amax(case.weights, case.amax)):
+    for w, a in zip(case.weights, reference.split_expert_amax(case.weights, case.amax, fmt=fmt)):
         tr = reference.fake_quant_traced(w, a, fmt, variant, **options)
         outs.append(tr.out.reshape(-1))
         pres.append(tr.pre_round.reshape(-1))

@@ -255,9 +255,7 @@ def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, 
     if nonfinite_code != E8M0_NAN:
         code = torch.where(torch.isfinite(a), code, torch.full_like(code, nonfinite_code))
     code = code.unsqueeze(-1)
-    inv = MX.e8m0_inverse(code)
-    if variant == "te":
-        inv = torch.where(code == 0, torch.ones(()), inv)
+    inv = MX.mx_inverse(code, variant)
     dec = MX.e8m0_decode(code)
     if code0_zero:  # E8M0 code 0 decoded as 0 instead of 2**-127
         dec = torch.where(code == 0, torch.zeros(()), dec)
