@@ -164,14 +164,16 @@ def _boundary_amax(dtype: torch.dtype, elem_max: float, mbits: int) -> torch.Ten
     return _neighbours(edges.to(torch.float32), dtype)
 
 
-def mx_cases(fmt: str, *, seed: int = 0) -> list[Case]:
-    """The cases of a format whose scales come from the data (module docstring), on 1 x ``B`` blocks."""
+def mx_cases(fmt: str, *, seed: int = 0, shuffles: int = MX_SHUFFLES, random_blocks: int = MX_RANDOM_BLOCKS) -> list[Case]:
+    """The cases of a format whose scales come from the data (module docstring), on 1 x ``B`` blocks;
+    ``shuffles`` permutations in ``blocks/all_bf16`` and ``random_blocks`` blocks in each random case
+    (a multiple of 8; the section sizes them per suite)."""
     spec = reference.format_spec(fmt)
     block = spec.tiles.size
     mbits, elem_max = spec.grid.mantissa_bits, float(spec.grid.max_value)
     gen = probes.generator(seed, f"blocks/{fmt}")
     every = probes.all_bf16()
-    perms = [every] + [every[torch.randperm(every.numel(), generator=gen)] for _ in range(MX_SHUFFLES)]
+    perms = [every] + [every[torch.randperm(every.numel(), generator=gen)] for _ in range(shuffles)]
     cases = [make_block_case("blocks/all_bf16", [p.reshape(-1, 256) for p in perms], block)]
     for dtype, name in ((torch.bfloat16, "blocks/boundaries"), (torch.float32, "blocks/boundaries_fp32")):
         amax = _boundary_amax(dtype, elem_max, mbits)
@@ -179,8 +181,8 @@ def mx_cases(fmt: str, *, seed: int = 0) -> list[Case]:
         cases.append(make_block_case(name, [rows.reshape(-1, 8 * block) if rows.shape[0] % 8 == 0 else rows.reshape(-1, block)], block))
     cases.append(make_block_case("blocks/special", [_special_blocks(block, gen)], block))
     for dtype, name in ((torch.bfloat16, "blocks/random"), (torch.float32, "blocks/random_fp32")):
-        mag = torch.exp2(torch.randint(-140, 128, (MX_RANDOM_BLOCKS, 1), generator=gen).to(torch.float32))
-        rows = (torch.randn(MX_RANDOM_BLOCKS, block, generator=gen) * mag).to(dtype)
+        mag = torch.exp2(torch.randint(-140, 128, (random_blocks, 1), generator=gen).to(torch.float32))
+        rows = (torch.randn(random_blocks, block, generator=gen) * mag).to(dtype)
         cases.append(make_block_case(name, [rows.reshape(-1, 8 * block)], block))
     return cases
 
@@ -382,17 +384,19 @@ def calibrated_tiny_case() -> Case:
 
 
 def build_cases(
-    fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, calibrated_only: bool = False, **options
+    fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, calibrated_only: bool = False,
+    mx_shuffles: int = MX_SHUFFLES, mx_random_blocks: int = MX_RANDOM_BLOCKS, **options
 ) -> list[Case]:
     """The cases of the module docstring for ``fmt``; ``calibrated_only``: the two calibrated cases alone.
 
     * ``seed``: construction seed (``probes.generator``);
     * ``n_ties``: near-tie constructions (each at 5 amax ulp offsets);
     * ``n_split``: variant-splitting amax added to ``all_bf16`` and ``calibrated``;
+    * ``mx_shuffles``, ``mx_random_blocks``: ``mx_cases``' sizes (formats without amax);
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
     if not reference.format_spec(fmt).takes_amax:
-        return mx_cases(fmt, seed=seed)
+        return mx_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
     if fmt == "nvfp4":
         calibrated.append(nvfp4_te_dequant_case(seed=seed))

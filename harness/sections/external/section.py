@@ -29,7 +29,7 @@ from moe_fq_parity import reference
 
 from . import BACKENDS
 from .checks import calibration_rows, clip_rule_row, ste_rows
-from .match_cases import Case, build_cases
+from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 from .modelopt_backend import modelopt_version
 from .registry import resolve
 from .te_backend import te_version
@@ -40,12 +40,15 @@ from moe_fq_parity.cases.catalogue import parse_suite, suite_table
 from moe_fq_parity.harness.sections import Section, SectionRow
 
 SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
-    "smoke": {"n_ties": 40, "n_split": 2},
-    "ci": {"n_ties": 100, "n_split": 3},
-    "nightly": {"n_ties": 2000, "n_split": 8},
-    "ultra": {"n_ties": 2000, "n_split": 8},
+    "smoke": {"n_ties": 40, "n_split": 2, "mx_shuffles": 0, "mx_random_blocks": 512},
+    "ci": {"n_ties": 100, "n_split": 3, "mx_shuffles": 1, "mx_random_blocks": 2048},
+    "nightly": {"n_ties": 2000, "n_split": 8, "mx_shuffles": MX_SHUFFLES, "mx_random_blocks": MX_RANDOM_BLOCKS},
+    "ultra": {"n_ties": 2000, "n_split": 8, "mx_shuffles": MX_SHUFFLES, "mx_random_blocks": MX_RANDOM_BLOCKS},
 }, what="external SUITE_SIZES")
-"""Near-tie constructions and variant-splitting amax per suite."""
+"""Near-tie constructions and variant-splitting amax per suite; for the formats without amax (MX),
+the ``blocks/all_bf16`` permutations and the random blocks (``match_cases.mx_cases``: the boundary and
+special-block cases are complete in every suite).  MX elements per format: smoke ~0.2M, ci ~0.37M,
+nightly ~1.2M (``variant_match``'s defaults)."""
 
 EXPECTED: dict[tuple[str, str], str] = {
     **{("modelopt", f): "cuda" for f in ("int8", "int4", "fp8_e4m3")},
@@ -78,8 +81,10 @@ def _options(fmt: str) -> list[dict[str, Any]]:
 
 def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:
     narrow = " --narrow-range" if options.get("narrow_range") else ""
+    mx = "" if reference.format_spec(fmt).takes_amax else (
+        f" --mx-shuffles {sizes.get('mx_shuffles', MX_SHUFFLES)} --mx-random-blocks {sizes.get('mx_random_blocks', MX_RANDOM_BLOCKS)}")
     return (f"python -m moe_fq_parity.harness.sections.external.variant_match --backend {name} --format {fmt} --seed {seed} "
-            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}")
+            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}{mx}")
 
 
 def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approximate_division: bool = False,

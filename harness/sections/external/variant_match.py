@@ -36,7 +36,7 @@ from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, comp
 from moe_fq_parity.reports.schema import dumps
 
 from . import FAMILIES, probes
-from .match_cases import Case, build_cases
+from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 
 DEFAULT_CAP = MAX_OFFENDERS
 """Offenders listed per variant and case by default (all are counted): the harness's one cap."""
@@ -231,11 +231,12 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
 
 def match_variants(
     backend: object, fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, cap: int = DEFAULT_CAP,
-    cases: Optional[Sequence[Case]] = None, **options,
+    cases: Optional[Sequence[Case]] = None, mx_shuffles: int = MX_SHUFFLES, mx_random_blocks: int = MX_RANDOM_BLOCKS,
+    **options,
 ) -> FormatMatch:
     """Run ``backend`` and every reference variant of ``fmt`` over the cases and compare.
 
-    * ``seed``, ``n_ties``, ``n_split``: passed to ``match_cases.build_cases`` (calibrated case
+    * ``seed``, ``n_ties``, ``n_split``, ``mx_shuffles``, ``mx_random_blocks``: passed to ``match_cases.build_cases`` (calibrated case
       only for a format in the backend's ``calibrated_only``);
     * ``cap``: offenders listed per variant and case (all are counted);
     * ``cases``: precomputed cases (to share them between backends);
@@ -243,7 +244,8 @@ def match_variants(
     """
     if cases is None:
         only = fmt in getattr(backend, "calibrated_only", ())
-        cases = build_cases(fmt, seed=seed, n_ties=n_ties, n_split=n_split, calibrated_only=only, **options)
+        cases = build_cases(fmt, seed=seed, n_ties=n_ties, n_split=n_split, calibrated_only=only,
+                            mx_shuffles=mx_shuffles, mx_random_blocks=mx_random_blocks, **options)
     name = getattr(backend, "name", type(backend).__name__)
     return FormatMatch(name, fmt, dict(options), tuple(match_case(backend, c, fmt, cap=cap, **options) for c in cases))
 
@@ -303,6 +305,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ties", type=int, default=200)
     p.add_argument("--n-split", type=int, default=4)
+    p.add_argument("--mx-shuffles", type=int, default=MX_SHUFFLES, help="MX-style formats: permutations in blocks/all_bf16")
+    p.add_argument("--mx-random-blocks", type=int, default=MX_RANDOM_BLOCKS,
+                   help="MX-style formats: blocks per random case (a multiple of 8)")
     p.add_argument("--cap", type=int, default=DEFAULT_CAP)
     p.add_argument("--show", type=int, default=4, help="offenders printed per variant and case")
     p.add_argument("--narrow-range", action="store_true", help="INT formats: narrow range")
@@ -310,6 +315,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tie-probe", action="store_true",
                    help="NVFP4: also run the exact-tie probe (reference.nvfp4.nvfp4_tie_probe) and print what the backend gives")
     args = p.parse_args(argv)
+    if args.mx_shuffles < 0 or args.mx_random_blocks < 0 or args.mx_random_blocks % 8:
+        p.error("--mx-shuffles must be >= 0 and --mx-random-blocks a non-negative multiple of 8")
     names = FAMILIES.get(args.backend, (args.backend,))
     results: list[dict[str, Any]] = []
     shared: dict[str, list[Case]] = {}
@@ -333,10 +340,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cases = None
             if fmt not in getattr(backend, "calibrated_only", ()) and not opts:
                 if fmt not in shared:
-                    shared[fmt] = build_cases(fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split)
+                    shared[fmt] = build_cases(fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split,
+                                              mx_shuffles=args.mx_shuffles, mx_random_blocks=args.mx_random_blocks)
                 cases = shared[fmt]
             m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap,
-                               cases=cases, **opts)
+                               cases=cases, mx_shuffles=args.mx_shuffles, mx_random_blocks=args.mx_random_blocks, **opts)
             print("\n".join(summary_lines(m, offenders=args.show)))
             results.append(m.to_json())
             if args.tie_probe and fmt == "nvfp4":
