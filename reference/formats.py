@@ -429,7 +429,7 @@ register_format(FormatSpec(
     options=(
         Option("block_size", int, "elements per block along the last dim", code="bs", minimum=1, fuzz_values=(8, 32)),
         Option("block_amax", torch.Tensor, "per-block amax x.shape[:-1] + (n_blocks,)", variants=frozenset({"modelopt_static"})),
-        replace(_TILE_2D, variants=frozenset({"te"})),
+        replace(_TILE_2D, variants=frozenset({"te", "te_qdq"})),
     ),
     amax_granularities=frozenset({"per_tensor", "per_expert"}),
     block=BlockScaling(NVFP4_BLOCK, E4M3_GRID),

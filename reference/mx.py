@@ -21,10 +21,13 @@ Numeric contract
       1. A   = max |x| over the block
       2. c   = code(A)                        the variant's rule (below)
       3. inv = 2**(127 - c)                   exact (c = 254 -> 2**-127 subnormal, c = 0 -> 2**127);
-                                              c = 255 -> NaN;  variant te: c = 0 -> 1 (TE's exp2f_rcp)
+                                              c = 255 -> NaN;  c = 0 -> 1 for te and torchao_rceil
+                                              (TE's exp2f_rcp), 2**126 for torchao_floor/ceil/even
+                                              (``CODE0_INVERSE``)
       4. v   = RN(x * inv)                    exact except fp32 underflow of subnormal results
       5. q   = elem(v)                        E4M3 / E2M1, round to nearest even, saturating (±inf -> ±max),
-                                              NaN stays NaN, signed zeros kept
+                                              NaN stays NaN, signed zeros kept (MXFP4 modelopt: its own
+                                              rule, below)
       6. y   = RN(q * 2**(c - 127))           exact, or ±inf where it overflows fp32 (see below)
       7. out = RNE_dtype(y)                   NaN -> canonical NaN
 
@@ -34,9 +37,10 @@ Numeric contract
 
 Variants (the scale code rule, each naming the upstream it models):
 
-* ``floor`` (default; the OCP rule, torchao ``ScaleCalculationMode.FLOOR``, its default):
+* ``floor`` (default; the OCP rule, the rule of torchao ``ScaleCalculationMode.FLOOR``, its default):
   ``c = clamp(exp(A) - emax, -127, 128) + 127`` with ``exp(A)`` the unbiased exponent field of ``A``
-  (``-127`` for zero and subnormals); non-finite ``A`` -> 255.
+  (``-127`` for zero and subnormals); non-finite ``A`` -> 255 (the OCP spec's NaN scale for an
+  Inf block; torchao 0.18.0 differs, see ``torchao_floor``).
 * ``ceil`` (torchao ``CEIL``): as ``floor`` with ``exp(A) + 1`` when ``A``'s mantissa bits are not 0.
 * ``even`` (torchao ``EVEN``): ``A`` first rounded to ``mbits`` mantissa bits by adding
   ``2**(22 - mbits)`` to its bits and clearing the mantissa (E4M3 ``mbits = 3``, E2M1 ``1``), then
@@ -59,8 +63,46 @@ Variants (the scale code rule, each naming the upstream it models):
   rounded once to fp32, device-independent): for ``d`` a few fp32 ulps above a power of two
   ``2**e`` with ``|e| >= 5`` it rounds to ``e`` and ``ceil`` keeps ``e``.  Model-Optimizer evaluates
   ``torch.log2`` in fp32 (libm); a libm that is not correctly rounded there differs by one code.
-  For MXFP4 this variant applies the same code rule with this module's E2M1 rounding (nearest, ties
-  to even); Model-Optimizer's own ``mxfp4_tensor.py`` element rounding is not modeled here.
+  For MXFP4 this variant models Model-Optimizer 0.47.0 ``qtensor/mxfp4_tensor.py``
+  (``MXFP4QTensor.quantize`` / ``dequantize``): the same code (its ``ceil(max(log2(A / 6), -127))``
+  has no upper clamp, but a finite ``A`` gives at most 126); step 4 is its ``x / 2**e`` (the same
+  fp32 value as ``x * inv``); step 5 is ``round_to_e2m1_modelopt``: the E2M1 value indexed by how
+  many of the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 lie strictly below ``|v|`` (ties toward
+  zero: 0.75 -> 0.5, 2.5 -> 2, 5 -> 4; ±inf -> ±6), with the sign bit set unless ``v > 0``
+  (``torch.sign(+0) = 0`` writes ``+0`` as ``-0``, and an element that underflows to ``+0`` at step
+  4 too); a block whose ``A`` is Inf or NaN dequantizes to ``-0`` everywhere (its exponent is
+  inf/NaN, so every element is ``x / inf = ±0`` or NaN, ``torch.sign`` of which is 0: magnitude
+  code 0 with the sign bit; the uint8 scale byte that the non-finite exponent converts to does not
+  matter, every magnitude being 0).  Step 6: ``q * 2**(c - 127)`` in fp32, then the output cast.
+* ``torchao_floor``, ``torchao_ceil``, ``torchao_even`` (torchao 0.18.0
+  ``prototype/mx_formats/mx_tensor.py`` ``to_mx`` with ``ScaleCalculationMode`` FLOOR / CEIL / EVEN,
+  dequantized by its ``to_dtype``)::
+
+      1. A   = max |x| (torch.amax, NaN-propagating), fp32
+         (even: A = bits(A) + 2**(22 - mbits), mantissa cleared; a NaN A is kept NaN)
+      2. c   = clamp(field(A) - 127 - emax [+ 1 if ceil and A's mantissa != 0], -127, 128) + 127;
+             then c = 255 where A is NaN, and only there: an Inf A (or an even-rounded A that
+             carries into field 255) gives 255 - emax (E4M3 247, E2M1 253)
+      3. s   = max(bits(c << 23), 2**-126)    the fp32 scale, clamped to the smallest normal:
+                                              code 0 divides by 2**-126, i.e. inv = 2**126;
+                                              code 255 gives s = inf (the block is NaN at step 6)
+      4. v   = RN(x / s)                      = RN(x * inv), the same fp32 value
+      5. q   = E4M3: RN(clamp(v, -448, 448)) cast to float8_e4m3fn; E2M1: torchao's
+               ``_f32_to_floatx_unpacked`` (nearest, ties to even, saturating at ±6)
+      6. y   = q * 2**(c - 127) in the output dtype (``get_fp_scale``: code 0 decodes to 2**-127, 255 to
+               NaN); bf16 products on CPU are the fp32 product rounded to bf16, so this is steps 6-7
+      7. out = y
+
+  So an Inf element of an Inf block gives ``±max * 2**(128 - emax)``, which overflows to ±inf, and
+  its finite elements keep their values at that scale (mostly ±0).  Code 0 means ``A < 2**(-126 +
+  emax)`` (a field-0 ``A``): the elements are quantized at ``2**-126`` but decoded at ``2**-127``.
+* ``torchao_rceil`` (torchao 0.18.0 ``mx_tensor.py`` ``_to_mx_rceil``, its eager fallback: CPU, and
+  any GPU without ``torch.compile`` on Blackwell): ``d = RN(A / max)`` (division, unlike ``rceil``
+  and ``te``'s rounded reciprocal), ``c = clamp(ceil(log2 d), -127, 127) + 127`` (``log2`` correctly
+  rounded as for ``modelopt``; ``d = 0`` -> 0, inf -> 254), NaN ``A`` -> 255; step 3 uses 1 for code 0
+  (and ``2**-127`` for 254); step 5 clamps to ``±max`` before the cast.  It differs from ``te`` only
+  where ``RN(A / max)`` and ``RN(A * RN(1/max))`` fall on different sides of a power of two, which
+  at E2M1 happens for fp32 ``A`` at the fp32 subnormal edge.
 
 Backward: the straight-through estimator of ``reference.ste`` with no amax (``amax=None``):
 ``pass_through`` returns the output gradient; ``clipped`` keeps the gradient of every element that is
@@ -108,13 +150,13 @@ def _finish(unbiased: torch.Tensor, finite: torch.Tensor, hi: int) -> torch.Tens
 
 
 def code_floor(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
-    """torchao FLOOR (the OCP rule)."""
+    """The OCP rule (torchao FLOOR except Inf and code-0 blocks: ``code_torchao_floor``)."""
     e, _ = _fields(a)
     return _finish(e - E8M0_BIAS - emax, torch.isfinite(a), E8M0_BIAS + 1)
 
 
 def code_ceil(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
-    """torchao CEIL."""
+    """torchao CEIL's rounding, with the OCP NaN scale for Inf blocks (torchao itself: ``code_torchao_ceil``)."""
     e, m = _fields(a)
     return _finish(e + (m != 0).to(torch.int32) - E8M0_BIAS - emax, torch.isfinite(a), E8M0_BIAS + 1)
 
@@ -159,10 +201,64 @@ def code_modelopt(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> to
     return (e.clamp(-127, 127) + E8M0_BIAS).to(torch.int32)
 
 
+def code_torchao_floor(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
+    """torchao 0.18.0 FLOOR: ``floor`` except that only a NaN ``a`` gives 255 (inf takes field 255)."""
+    e, _ = _fields(a)
+    return _finish(e - E8M0_BIAS - emax, ~torch.isnan(a), E8M0_BIAS + 1)
+
+
+def code_torchao_ceil(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
+    """torchao 0.18.0 CEIL: ``ceil`` except that only a NaN ``a`` gives 255."""
+    e, m = _fields(a)
+    return _finish(e + (m != 0).to(torch.int32) - E8M0_BIAS - emax, ~torch.isnan(a), E8M0_BIAS + 1)
+
+
+def code_torchao_even(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
+    """torchao 0.18.0 EVEN: ``even`` except that only a NaN ``a`` gives 255 (a rounded inf takes field 255)."""
+    bits = (a.view(torch.int32) + (1 << (22 - mbits))) & 0x7F800000
+    r = torch.where(torch.isnan(a), a, bits.view(torch.float32))
+    e, _ = _fields(r)
+    return _finish(e - E8M0_BIAS - emax, ~torch.isnan(r), E8M0_BIAS + 1)
+
+
+def code_torchao_rceil(a: torch.Tensor, emax: int, mbits: int, elem_max: float) -> torch.Tensor:
+    """torchao 0.18.0 RCEIL eager fallback: ``modelopt``'s ``ceil(log2(a / max))`` with NaN -> 255."""
+    c = code_modelopt(a, emax, mbits, elem_max)
+    return torch.where(torch.isnan(a), torch.full_like(c, E8M0_NAN), c)
+
+
 CODE_RULES: dict[str, Callable[..., torch.Tensor]] = {
     "floor": code_floor, "ceil": code_ceil, "even": code_even, "rceil": code_rceil, "te": code_te, "modelopt": code_modelopt,
+    "torchao_floor": code_torchao_floor, "torchao_ceil": code_torchao_ceil, "torchao_even": code_torchao_even,
+    "torchao_rceil": code_torchao_rceil,
 }
 """Variant -> ``code(A, emax, mbits, max)``: int32 E8M0 codes of fp32 block amax ``A``."""
+
+CODE0_INVERSE: dict[str, float] = {
+    "te": 1.0, "torchao_rceil": 1.0, **{f"torchao_{m}": 2.0**126 for m in ("floor", "ceil", "even")},
+}
+"""Variant -> the multiplier step 3 uses for code 0 where it is not ``2**127`` (module docstring)."""
+
+
+def mx_inverse(code: torch.Tensor, variant: str) -> torch.Tensor:
+    """Step 3: fp32 ``inv`` of int codes for ``variant`` (``e8m0_inverse`` except ``CODE0_INVERSE``)."""
+    inv = e8m0_inverse(code)
+    if variant in CODE0_INVERSE:
+        inv = torch.where(code == 0, torch.full((), CODE0_INVERSE[variant], device=inv.device), inv)
+    return inv
+
+
+_E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def round_to_e2m1_modelopt(v: torch.Tensor) -> torch.Tensor:
+    """Model-Optimizer 0.47.0 ``MXFP4QTensor`` ``cast_fp4``: the E2M1 value indexed by how many midpoints
+    lie strictly below ``|v|`` (ties toward zero, ±inf -> ±6, NaN -> magnitude 0), negative unless
+    ``v > 0`` (``torch.sign``: ``+0`` and NaN give ``-0``)."""
+    mag = v.abs()
+    idx = sum((mag > b).to(torch.int32) for b in _E2M1_BOUNDS)
+    vals = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=v.device)[idx]
+    return torch.where(v > 0, vals, -vals)
 
 
 ELEMENTS: dict[str, tuple[int, int, float, Callable[[torch.Tensor], torch.Tensor]]] = {
@@ -196,11 +292,12 @@ def mx_fake_quant(x: torch.Tensor, amax: None, *, variant: str, elem: str, tile_
     _, _, _, elem_round = ELEMENTS[elem]
     xt = to_tiles(x.to(torch.float32), tile)
     emax, mbits, emx, _ = ELEMENTS[elem]
-    code = CODE_RULES[variant](xt.abs().amax(dim=-1), emax, mbits, emx).unsqueeze(-1)
-    inv = e8m0_inverse(code)
-    if variant == "te":
-        inv = torch.where(code == 0, torch.ones((), device=inv.device), inv)
-    v = xt * inv
+    a = xt.abs().amax(dim=-1, keepdim=True)
+    code = CODE_RULES[variant](a, emax, mbits, emx)
+    v = xt * mx_inverse(code, variant)
+    if variant == "modelopt" and elem == "e2m1":
+        elem_round = round_to_e2m1_modelopt
+        v = torch.where(torch.isfinite(a), v, torch.full((), float("nan"), device=v.device))
     y = elem_round(v) * e8m0_decode(code)
     shape = tuple(x.shape)
     return FakeQuantResult(to_output_dtype(from_tiles(y, tile, shape), x.dtype), from_tiles(v, tile, shape), elem_round)

@@ -11,7 +11,7 @@ Numeric contract
   dim is not a multiple of the block size, the last block of each row is *shorter*: it is
   quantized as if zero-padded to a full block (Transformer Engine pads with zeros), and the
   padding is dropped.  Zeros never raise a block max, so this equals a short block.
-* ``tile_2d=True`` (variant ``te`` only): the block is a ``block_size x block_size`` tile of the last
+* ``tile_2d=True`` (variants ``te`` and ``te_qdq``): the block is a ``block_size x block_size`` tile of the last
   two dims (16x16: Transformer Engine ``NVFP4BlockScaling``'s weight recipe, 2D block scales, no
   random Hadamard transform); ``vmax`` (step 4) is the tile's max, partial tiles are zero-padded in
   both dims.  Every other step is unchanged.
@@ -38,15 +38,24 @@ code 8 (``-0``).  This reference keeps ``-0.0`` (sign-preserving, like every oth
 like a hardware ``cvt`` to E2M1); the two differ only in the sign of a zero output, and only where
 ``v == -0.0``: input ``-0.0``, or a negative ``x`` whose ``x * es`` underflows.
 
-TE dequantizes NVFP4 itself in C++ (``common/cast/nvfp4/dequantize_nvfp4.cuh``) in another order::
+Variant ``te_qdq`` (what a Transformer Engine user gets from ``NVFP4Quantizer(x).dequantize()``):
+TE's quantize (steps 1-8 above) followed by TE's only NVFP4 dequantize, the C++ kernel
+``common/cast/nvfp4/dequantize_nvfp4.cuh`` (``final_scale = scale * amax * factor_inv`` with
+``factor_inv = 1 / (6 * 448)``; pinned by TE's ``tests/cpp/operator/test_dequantize_nvfp4.cu``).
+It rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale ``gd``::
 
-    y_te_cpp = RNE_dtype(RN(q * RN(RN(ds8 * g) * RN(1 / 2688))))
+    9'.  fs  = RN(RN(ds8 * g) * RN(1 / 2688))     RN(1/2688) = 3.7202382e-04 (0x39C30C31)
+    10'. y   = RN(q * fs);  out = RNE_dtype(y)
 
-i.e. it rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale
-``gd``.  The two orders round differently in general (each has 3 fp32 roundings before the cast);
-this reference keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies (its GEMM
-multiplies ``q * ds8`` and then the global decode scale), and states the C++ order here so a
-bit-level comparison with TE's ``dequantize()`` knows what it compares against.
+Both orders have three fp32 roundings before the cast and round differently in general: on the
+``te_dequant`` case of ``harness.sections.external.match_cases`` (327,712 calibrated bf16 elements)
+``te`` and ``te_qdq`` differ on 1,062 bf16 outputs (exact results that are bf16 ties: ``te_qdq``
+reaches them exactly and rounds to even, ``te`` lands an fp32 ulp off; e.g. global amax 18.375,
+block ``[2.625, 9.875, 0...]``: exact 2.4609375 and 9.84375, ``te_qdq`` 2.46875 and 9.875, ``te``
+2.453125 and 9.8125) and on 96,083 fp32 outputs.  ``g = 0`` gives ``fs = 0``: every output is a zero
+of its code's sign.  ``te`` keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies
+(its GEMM multiplies ``q * ds8`` and then the global decode scale).  The sign-of-zero note above
+holds for both.
 
 Variant ``modelopt_static`` (Model-Optimizer 0.47.0 ``static_blockwise_fp4_fake_quant`` on CUDA with
 ``quantize_block_scales=True``, read from ``tensor_quant.py`` (``StaticBlockwiseFP4FakeQuantFunction``),
@@ -81,17 +90,50 @@ approximate division (not correctly rounded), so a quotient that is exactly an E
 arithmetic (``.25 .75 1.25 1.75 2.5 3.5 5``) may come out one ulp off and round the other way.
 This reference keeps the IEEE quotient; ``nvfp4_tie_probe`` builds such an exact tie
 (``g = 2688``, block amax 5.625 -> sc = 0.9375, ``x = 4.6875`` -> ``a = 5.0`` -> ``q = 4``).
+
+Variant ``torchao`` (torchao 0.18.0 ``prototype/mx_formats/nvfp4_tensor.py``: ``NVFP4Tensor.to_nvfp4``
+with ``per_tensor_scale = per_tensor_amax_to_scale(g)``, i.e. ``nvfp4_quantize``'s two-level branch,
+then ``NVFP4Tensor.dequantize``; the order of its CPU torch code)::
+
+    1. pts  = RN(g / 2688)                  per-tensor scale
+    2. bs   = RN(vmax / 6)                  vmax = max |x| over the block
+    3. s8   = e4m3(clamp(RN(bs / pts), 2**-6, 448))    the scale never falls below 2**-6 (the
+                                            smallest normal E4M3): a zero block gets 2**-6, not 0
+    4. v    = RN(x * RN(RN(1 / pts) / s8))
+    5. q    = e2m1(v)                       ties to even, ±6 saturation, signed zeros kept; a NaN v
+                                            gives a code from its bits (below)
+    6. y    = RN(q * RN(pts * s8));  out = RNE_dtype(y)
+
+``g = 0`` makes ``pts = 0`` and ``RN(1/pts) = inf``: a zero block gets ``s8 = NaN`` (``0/0``) and
+NaN outputs; in any other block ``s8 = 448`` and every element gives ``±0`` (``q * RN(0 * 448)``; a
+zero element has ``v = 0 * inf = NaN``, see step 5).  NaN outputs are the canonical NaN here;
+torchao's CPU cast keeps torch's NaN bits (``variant_match`` counts NaN payloads apart).  The same
+``v = NaN`` arises at a tiny ``g`` whose ``RN(1/pts)`` overflows (``g`` below ``2688 / FP32_MAX``,
+about ``7.9e-36``) for every zero element.  Step 5 is torchao's E2M1 converter (``f32_to_f4_unpacked``),
+which has no NaN: it works on the bits and turns a NaN ``v`` into a code (``round_to_e2m1_torchao``:
+±1, ±1.5 or ±2 by the NaN's bits and sign; on x86 CPU ``0 * inf`` is the NaN ``0xFFC00000``, so
+-1.5), which step 6 multiplies by ``RN(pts * s8)`` (0 or an fp32 subnormal): a finite output, as
+torchao gives (before this rule: 510 of the 112,896 elements of ``variant_match``'s
+``calibrated_tiny`` case differed, at ``g = 2**-133`` and ``2**-126``).  Only where ``s8`` or
+``pts * s8`` is NaN (a zero block at ``g = 0``, a NaN input) is the output NaN.
+torch's CUDA ``tensor / python-float`` multiplies by the reciprocal; steps 1-2 are true divisions as
+on the CPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .constants import FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
+from .constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_NORMAL_EXP, FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import cuda_core
 from .granularity import broadcast_amax, check_amax_values, from_tiles, to_tiles
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
+
+
+E4M3_MIN_NORMAL = 2.0**E4M3_MIN_NORMAL_EXP
+"""2**-6, the smallest normal E4M3 value: torchao's lower clamp of NVFP4 block scales (its ``E4M3_EPS``,
+``torch.finfo(torch.float8_e4m3fn).tiny``)."""
 
 
 def to_blocks(xf: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -123,9 +165,10 @@ def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int):
     return xf, g.unsqueeze(-1), to_blocks(xf, block_size)
 
 
-def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
-    """Default variant: Transformer Engine's reference recipe (1 x block_size blocks, or square tiles
-    with ``tile_2d``); see the module docstring."""
+def _te_quantize(x, amax, block_size: int, tile_2d: bool):
+    """Steps 1-8 of the ``te`` variant: ``(q, v, ds8, gd, g, back)`` in fp32, blocked ``[..., nb, b]``
+    (or tiles with ``tile_2d``; ``ds8`` one per block; ``g`` the global amax, broadcastable against
+    them; ``back`` maps a blocked tensor back to ``x``'s layout)."""
     xf, g, xb = _prepare(x, amax, block_size)
     if tile_2d:
         xb = to_tiles(xf, (block_size, block_size))
@@ -138,12 +181,56 @@ def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -
     ds8 = round_to_e4m3(vmax * mult)
     es = torch.minimum(fp32_scalar_like(1.0, xf) / (ds8 * gd), fmax)
     v = xb * es
-    y = (round_to_e2m1(v) * ds8) * gd
     if tile_2d:
         back = lambda t: from_tiles(t, (block_size, block_size), tuple(x.shape))  # noqa: E731
     else:
         back = lambda t: from_blocks(t, x.shape[-1])  # noqa: E731
+    return round_to_e2m1(v), v, ds8, gd, g, back
+
+
+def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
+    """Default variant: Transformer Engine's reference recipe (1 x block_size blocks, or square tiles
+    with ``tile_2d``); see the module docstring."""
+    q, v, ds8, gd, _, back = _te_quantize(x, amax, block_size, tile_2d)
+    y = (q * ds8) * gd
     return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
+
+
+def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
+    """Variant ``te_qdq``: TE's quantize (``te`` steps 1-8) then TE's C++ ``dequantize_nvfp4``
+    (steps 9'-10' of the module docstring): what a TE user gets from ``quantizer(x).dequantize()``."""
+    q, v, ds8, _, g, back = _te_quantize(x, amax, block_size, tile_2d)
+    fs = (ds8 * g) * torch.reciprocal(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, v))
+    y = q * fs
+    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
+
+
+def nvfp4_torchao(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
+    """Variant ``torchao``: torchao's two-level ``nvfp4_quantize`` and ``NVFP4Tensor.dequantize``;
+    see the module docstring."""
+    xf, g, xb = _prepare(x, amax, block_size)
+    pts = g / fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, xf)
+    bs = xb.abs().amax(dim=-1, keepdim=True) / fp32_scalar_like(E2M1_MAX, xf)
+    s8 = round_to_e4m3(torch.clamp(bs / pts, min=E4M3_MIN_NORMAL, max=E4M3_MAX))
+    v = xb * ((fp32_scalar_like(1.0, xf) / pts) / s8)
+    y = round_to_e2m1_torchao(v) * (pts * s8)
+    n = x.shape[-1]
+    return FakeQuantResult(to_output_dtype(from_blocks(y, n), x.dtype), from_blocks(v, n), round_to_e2m1)
+
+
+def round_to_e2m1_torchao(v: torch.Tensor) -> torch.Tensor:
+    """torchao 0.18.0 ``f32_to_f4_unpacked`` (``prototype/custom_fp_utils.py``
+    ``_f32_to_floatx_unpacked``) as fp32 values: ``round_to_e2m1`` for every non-NaN ``v``; a NaN ``v``
+    takes the normal-range branch on its bits ``b`` (sign cleared): magnitude code
+    ``((b - (126 << 23) + 0x1FFFFF + ((b >> 22) & 1)) >> 22) & 0xFF`` (2, 3 or 4 for any NaN: E2M1 1, 1.5
+    or 2), sign from ``v``'s sign bit."""
+    bits = v.view(torch.int32)
+    mag = bits & 0x7FFFFFFF
+    code = ((mag - (126 << 23) + 0x1FFFFF + ((mag >> 22) & 1)) >> 22) & 0xFF
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=v.device)
+    nan_val = table[code.clamp(0, 7)]
+    nan_val = torch.where(bits < 0, -nan_val, nan_val)
+    return torch.where(torch.isnan(v), nan_val, round_to_e2m1(v))
 
 
 def static_block_scales(bamax: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -199,5 +286,5 @@ def nvfp4_tie_probe() -> dict[str, float]:
             "ieee_quotient": 5.0, "y_ieee": 3.75, "y_quotient_above": 5.625}
 
 
-VARIANTS = {"te": nvfp4_te, "modelopt_static": nvfp4_modelopt_static}
+VARIANTS = {"te": nvfp4_te, "te_qdq": nvfp4_te_qdq, "modelopt_static": nvfp4_modelopt_static, "torchao": nvfp4_torchao}
 DEFAULT_VARIANT = "te"

@@ -173,3 +173,24 @@ def test_a_non_tie_difference_is_not_excused():
     m = match_variants(OffByOne(), "nvfp4", cases=[case])
     assert m.matched_up_to_ties == () and m.mismatches("modelopt_static") == m.tie_flips("modelopt_static") + 1
     assert variants_row(m, "modelopt_static", "repro", approximate_division=True).verdict == "fail"
+
+
+@pytest.mark.parametrize("argv", [["--mx-random-blocks", "12"], ["--mx-random-blocks", "-8"], ["--mx-shuffles", "-1"]])
+def test_bad_mx_sizes_are_a_usage_error(argv, capsys):
+    from moe_fq_parity.harness.sections.external.variant_match import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--backend", "reference", "--format", "mxfp4", *argv])
+    assert e.value.code == 2 and "--mx-random-blocks" in capsys.readouterr().err
+
+
+def test_mx_cases_are_sized_by_the_suite():
+    """smoke < ci < nightly in MX match elements; the boundary and special cases are whole in each."""
+    from moe_fq_parity.harness.sections.external.match_cases import build_cases
+    from moe_fq_parity.harness.sections.external.section import SUITE_SIZES
+
+    built = {s: {c.name: c.numel for c in build_cases("mxfp4", **SUITE_SIZES[s])} for s in ("smoke", "ci", "nightly")}
+    totals = [sum(built[s].values()) for s in ("smoke", "ci", "nightly")]
+    assert totals[0] < totals[1] < totals[2] and totals[2] >= 10**6, totals
+    for name in ("blocks/boundaries", "blocks/boundaries_fp32", "blocks/special"):
+        assert built["smoke"][name] == built["nightly"][name]

@@ -17,8 +17,8 @@ ONE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
 MODELOPT = load("modelopt-eager")
 
 
-def test_names_cover_builtins_and_the_four_external_backends():
-    assert set(EXTERNAL) == {"modelopt", "modelopt-eager", "te", "te-current"}
+def test_names_cover_builtins_and_the_external_backends():
+    assert set(EXTERNAL) == {"modelopt", "modelopt-eager", "te", "te-current", "modelopt-mx", "torchao", "torchao-ceil", "torchao-even", "torchao-rceil"}
     assert NAMES == (*BUILTINS, *EXTERNAL)
     with pytest.raises(BackendLoadError, match="modelopt-eager"):
         load("modelop")  # the error lists the names

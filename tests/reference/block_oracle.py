@@ -21,12 +21,14 @@ F32_TINY = 2.0**-126
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def e2m1_round(v: np.ndarray) -> np.ndarray:
+def e2m1_round(v: np.ndarray, ties: str = "even") -> np.ndarray:
+    """Nearest E2M1 value; ``ties``: ``even`` (the even code) or ``zero`` (the smaller magnitude)."""
     mag = np.minimum(np.abs(v).astype(np.float64), 6.0)
     hi = np.clip(np.searchsorted(E2M1, mag), 0, 7)
     lo = np.clip(hi - 1, 0, None)
     d_lo, d_hi = mag - E2M1[lo], E2M1[hi] - mag
-    r = np.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), E2M1[lo], E2M1[hi])
+    tie_lo = (lo % 2 == 0) if ties == "even" else np.ones_like(lo, dtype=bool)
+    r = np.where((d_lo < d_hi) | ((d_lo == d_hi) & tie_lo), E2M1[lo], E2M1[hi])
     r = np.where(E2M1[hi] == mag, E2M1[hi], r)
     return np.where(np.isnan(v), np.nan, np.copysign(r, v)).astype(np.float32)
 
@@ -38,6 +40,14 @@ def _floor_log2(a: float) -> int:
 def mx_code(a: float, variant: str, fmt: str) -> int:
     """The E8M0 code of block amax ``a`` (a Python float holding an fp32 value)."""
     emax, mbits, mx = ELEM[fmt]
+    if variant.startswith("torchao_") and variant != "torchao_rceil":
+        # torchao 0.18.0: only NaN gives 255; an Inf (or even-rounded-to-Inf) amax reads exponent 128
+        if math.isnan(a):
+            return 255
+        if math.isinf(a):
+            return 128 - emax + 127
+        code = mx_code(a, variant[len("torchao_"):], fmt)
+        return 128 - emax + 127 if code == 255 else code
     if variant in ("floor", "ceil", "even"):
         if math.isnan(a) or math.isinf(a):
             return 255
@@ -71,8 +81,10 @@ def mx_code(a: float, variant: str, fmt: str) -> int:
         if variant == "te" and e + 127 == 254:
             bump = False
         return e + 127 + int(bump)
-    if variant == "modelopt":
+    if variant in ("modelopt", "torchao_rceil"):
         d = float(np.float32(a) / np.float32(mx))
+        if math.isnan(d) and variant == "torchao_rceil":
+            return 255
         if not d > 0:
             return 0
         if math.isinf(d):
@@ -98,14 +110,26 @@ def mx_fake_quant(x: np.ndarray, fmt: str, variant: str, tile: tuple[int, int]) 
     for rs, cs in _tiles(x, tile):
         blk = x[rs, cs].astype(np.float32)
         a = float(np.max(np.abs(blk))) if blk.size else 0.0
+        modelopt_fp4 = fmt == "mxfp4" and variant == "modelopt"
+        if modelopt_fp4 and not math.isfinite(a):  # Model-Optimizer's MXFP4: inf/NaN exponent, every element -0
+            y[rs, cs] = -0.0
+            continue
         code = mx_code(a, variant, fmt)
         if code == 255:
             y[rs, cs] = np.nan
             continue
-        inv = 1.0 if (variant == "te" and code == 0) else math.ldexp(1.0, 127 - code)
+        inv = math.ldexp(1.0, 127 - code)
+        if code == 0 and variant in ("te", "torchao_rceil"):
+            inv = 1.0
+        if code == 0 and variant in ("torchao_floor", "torchao_ceil", "torchao_even"):  # scale clamped to 2**-126
+            inv = math.ldexp(1.0, 126)
         with np.errstate(all="ignore"):
             v = (blk.astype(np.float64) * inv).astype(np.float32)
-            q = rnd(v).astype(np.float64)
+            if modelopt_fp4:  # ties toward zero; negative unless v > 0 (+0 -> -0)
+                q = np.abs(e2m1_round(v, ties="zero")).astype(np.float64)
+                q = np.where(v > 0, q, -q)
+            else:
+                q = rnd(v).astype(np.float64)
             y[rs, cs] = (q * math.ldexp(1.0, code - 127)).astype(np.float32)
     return y
 

@@ -17,11 +17,31 @@
   ``E * 2**k`` for every E4M3 value ``E`` (block amax ``6 E 2**k``), so each tie ``t E 2**k`` is
   exact; each block ends in ``-0.0``.  It holds the probe ``g = 2688``, block amax 5.625,
   ``x = 4.6875`` (``reference.nvfp4.nvfp4_tie_probe``);
+* ``te_dequant`` (NVFP4)   -- calibrated bf16 experts (``amax == max|x|``, TE's own amax) where
+  the ``te`` and ``te_qdq`` dequantization orders part: ``TE_DEQUANT_EXPERTS`` experts ``[128, 128]``
+  of random blocks at magnitudes ``1e-3 .. 1e3`` (every other one with a global amax ``c 2**k``,
+  ``c`` in ``TE_DEQUANT_AMAX_ODD``, where more exact results are bf16 ties), plus the expert
+  ``[2, 16]`` ``[[2.625, 9.875, 0...], [18.375, 0...]]`` whose results 2.4609375 and 9.84375 are exact
+  bf16 ties (``te`` lands an fp32 ulp below them and rounds down);
 * ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
   outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
+* MX and other formats whose scales come from the data (``amax=None``; blocks of ``B`` along
+  in-features, ``B`` the format's tile size), ``mx_cases``:
+
+  - ``blocks/all_bf16``: all 65,536 bf16 patterns in bit order, ``B`` to a block (blocks of
+    denormals, of zeros, of Inf and of NaN included), then ``MX_SHUFFLES`` seeded permutations of them;
+  - ``blocks/boundaries`` (bf16 and ``blocks/boundaries_fp32``): for every binade ``e`` of the input
+    dtype, blocks whose amax is exactly a scale boundary and one input ulp either side: ``2**e``, the
+    element maximum times ``2**e`` (448 / 6: the rounded-reciprocal and division rules), and the
+    mantissa-rounding edge of the ``even`` rule (``(2 - 2**-m) 2**e``, ``m`` the element's mantissa
+    bits); the other ``B - 1`` elements random below the amax, the amax at a random position and sign;
+  - ``blocks/special``: zero and ``-0`` blocks, blocks holding one ``+-inf`` or NaN among finite
+    values, all-Inf blocks, blocks of bf16 denormals, blocks at amax ``2**-127`` and below;
+  - ``blocks/random`` (bf16) and ``blocks/random_fp32``: ``randn`` blocks at magnitudes
+    ``2**U(-140, 127)``;
 * ``calibrated``           -- one expert per bf16 amax ``m``: every finite bf16 ``|x| <= m``,
   zero-padded to ``[16k, 16]``, so ``amax == max|x|`` exactly as max calibration gives it.  With
-  ``calibrated_tiny`` the only cases for a backend that takes its amax from the data (its
+  ``calibrated_tiny`` (and NVFP4's ``te_dequant``) the only cases for a backend that takes its amax from the data (its
   ``calibrated_only`` formats);
 * ``calibrated_tiny``      -- the same for the tiny amax ``TINY_CALIBRATED_AMAX`` (``<= 2**-24``,
   one just above it, and an all-zero expert): the domain where "amax <= 2**-24 is 1" rules
@@ -30,6 +50,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -58,6 +79,14 @@ NVFP4_PAIRS = (8, 256)
 """``scale_pairs``: experts (one global amax each) x blocks per expert."""
 NVFP4_TIE_K = (-3, -2, -1, 0, 1, 2, 3)
 """``e2m1_ties``: one expert per global amax ``2688 * 2**k``."""
+MX_SHUFFLES = 7
+"""``blocks/all_bf16``: seeded permutations of the bf16 patterns after the one in bit order."""
+MX_RANDOM_BLOCKS = 8192
+"""``blocks/random``, ``blocks/random_fp32``: blocks per case."""
+TE_DEQUANT_EXPERTS = 20
+"""``te_dequant``: random experts ``[128, 128]`` (with the tie expert: 327,712 elements)."""
+TE_DEQUANT_AMAX_ODD = (21, 63, 147, 189)
+"""``te_dequant``: odd multiples of 21 = 2688 / 2**7 (``c 2**k``, 5-8 significant bits: bf16 values)."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +95,15 @@ class Case:
 
     name: str
     weights: list[torch.Tensor]
-    amax: torch.Tensor
-    """``[N]`` per expert or ``[N, out]`` per channel, as the backend contract takes it."""
+    amax: Optional[torch.Tensor]
+    """``[N]`` per expert or ``[N, out]`` per channel, as the backend contract takes it; ``None`` for
+    a format whose scales come from the data."""
     stacked: Optional[torch.Tensor]
     """The same data as one tensor the reference evaluates at once, or ``None`` (then the
     reference runs expert by expert)."""
     stacked_amax: Optional[torch.Tensor]
     elem_amax: torch.Tensor
-    """fp32 amax of every element, in the flat order of ``torch.cat([w.reshape(-1) for w in weights])``."""
+    """fp32 amax of every element (its block's amax where scales come from the data), in the flat order of ``torch.cat([w.reshape(-1) for w in weights])``."""
 
     @property
     def numel(self) -> int:
@@ -89,6 +119,91 @@ def make_case(name: str, weights: list[torch.Tensor], amax: torch.Tensor,
     per = reference.split_expert_amax(weights, amax)
     elem = torch.cat([torch.broadcast_to(a.reshape(-1, 1) if a.dim() else a, w.shape).reshape(-1) for w, a in zip(weights, per)])
     return Case(name, weights, amax, stacked, stacked_amax, elem.to(torch.float32))
+
+
+def make_block_case(name: str, weights: list[torch.Tensor], block: int) -> Case:
+    """A case of a format whose scales come from the data (``amax=None``): ``elem_amax`` is each
+    element's block amax (``max |x|`` over its ``block`` along the last dim), what the offenders show."""
+    elem = []
+    for w in weights:
+        rows = w.to(torch.float32).reshape(-1, block)
+        elem.append(rows.abs().amax(dim=1, keepdim=True).expand(-1, block).reshape(-1))
+    return Case(name, weights, None, None, None, torch.cat(elem))
+
+
+def _blocks_below(amax: torch.Tensor, block: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """``[len(amax), block]`` of ``dtype``: row ``i`` has ``+-amax[i]`` at a random position and
+    random values of magnitude below it elsewhere (each the amax times ``U[0, 1)``, rounded toward
+    zero to ``dtype`` so none exceeds it)."""
+    n = amax.numel()
+    a = amax.to(torch.float32).reshape(-1, 1)
+    fill = (a * torch.rand(n, block, generator=gen)) * torch.where(torch.rand(n, block, generator=gen) < 0.5, -1.0, 1.0)
+    if dtype == torch.bfloat16:
+        fill = (fill.view(torch.int32) & ~0xFFFF).view(torch.float32)  # truncation: |fill| stays <= amax
+    where = torch.randint(0, block, (n,), generator=gen)
+    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    fill[torch.arange(n), where] = a.reshape(-1) * sign
+    return fill.to(dtype)
+
+
+def _neighbours(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``v`` (exact in ``dtype``) and its next values down and up in ``dtype``, finite and > 0."""
+    v = v.to(dtype)
+    it = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    bits = v.view(it)
+    out = torch.cat([v, (bits - 1).view(dtype), (bits + 1).view(dtype)]).to(torch.float32)
+    return out[torch.isfinite(out) & (out > 0)].unique()
+
+
+def _boundary_amax(dtype: torch.dtype, elem_max: float, mbits: int) -> torch.Tensor:
+    """Every binade's scale boundaries (see the module docstring) and their neighbours in ``dtype``."""
+    lo = -133 if dtype == torch.bfloat16 else -149
+    e = torch.arange(lo, 128, dtype=torch.float64)
+    edges = torch.cat([2.0**e, elem_max * 2.0**e, (2 - 2.0**-mbits) * 2.0**e])
+    edges = edges[(edges < torch.finfo(dtype).max) & (edges >= 2.0**lo)]
+    return _neighbours(edges.to(torch.float32), dtype)
+
+
+def mx_cases(fmt: str, *, seed: int = 0, shuffles: int = MX_SHUFFLES, random_blocks: int = MX_RANDOM_BLOCKS) -> list[Case]:
+    """The cases of a format whose scales come from the data (module docstring), on 1 x ``B`` blocks;
+    ``shuffles`` permutations in ``blocks/all_bf16`` and ``random_blocks`` blocks in each random case
+    (a multiple of 8; the section sizes them per suite)."""
+    spec = reference.format_spec(fmt)
+    block = spec.tiles.size
+    mbits, elem_max = spec.grid.mantissa_bits, float(spec.grid.max_value)
+    gen = probes.generator(seed, f"blocks/{fmt}")
+    every = probes.all_bf16()
+    perms = [every] + [every[torch.randperm(every.numel(), generator=gen)] for _ in range(shuffles)]
+    cases = [make_block_case("blocks/all_bf16", [p.reshape(-1, 256) for p in perms], block)]
+    for dtype, name in ((torch.bfloat16, "blocks/boundaries"), (torch.float32, "blocks/boundaries_fp32")):
+        amax = _boundary_amax(dtype, elem_max, mbits)
+        rows = _blocks_below(amax, block, dtype, gen)
+        cases.append(make_block_case(name, [rows.reshape(-1, 8 * block) if rows.shape[0] % 8 == 0 else rows.reshape(-1, block)], block))
+    cases.append(make_block_case("blocks/special", [_special_blocks(block, gen)], block))
+    for dtype, name in ((torch.bfloat16, "blocks/random"), (torch.float32, "blocks/random_fp32")):
+        mag = torch.exp2(torch.randint(-140, 128, (random_blocks, 1), generator=gen).to(torch.float32))
+        rows = (torch.randn(random_blocks, block, generator=gen) * mag).to(dtype)
+        cases.append(make_block_case(name, [rows.reshape(-1, 8 * block)], block))
+    return cases
+
+
+def _special_blocks(block: int, gen: torch.Generator) -> torch.Tensor:
+    """``blocks/special`` rows (bf16): see the module docstring."""
+    inf, nan = float("inf"), float("nan")
+    base = _blocks_below(torch.tensor([1.0, 448.0, 2.0**-120, 3.0e38]), block, torch.bfloat16, gen)
+    rows = [torch.zeros(block, dtype=torch.bfloat16), torch.full((block,), -0.0, dtype=torch.bfloat16),
+            torch.full((block,), inf, dtype=torch.bfloat16), torch.full((block,), -inf, dtype=torch.bfloat16)]
+    for r in base:
+        for special in (inf, -inf, nan):
+            for pos in (0, block - 1):
+                row = r.clone()
+                row[pos] = special
+                rows.append(row)
+    sub = probes.all_bf16(finite_only=True)
+    sub = sub[(sub.to(torch.float32).abs() < 2.0**-126) & (sub.to(torch.float32) != 0)]
+    sub = torch.cat([sub, sub.new_zeros((-sub.numel()) % block)])
+    tiny = _blocks_below(torch.exp2(torch.arange(-133, -115, dtype=torch.float32)), block, torch.bfloat16, gen)
+    return torch.cat([torch.stack(rows), sub.reshape(-1, block), tiny])
 
 
 def split_amax(fmt: str, ties: probes.NearTies, count: int, **options) -> torch.Tensor:
@@ -205,6 +320,30 @@ def nvfp4_ties_case() -> Case:
     return make_case("e2m1_ties", weights, a, torch.stack(weights), a)
 
 
+def nvfp4_te_dequant_case(*, seed: int = 0) -> Case:
+    """``te_dequant`` (NVFP4): see the module docstring.  Expert ``i`` has magnitude
+    ``10**(-3 + 6 i / 19)``, each block ``randn * 10**U(-1, 0)`` of it; odd ``i`` get their largest
+    element replaced by ``+-c 2**k`` just above the old max, so the expert's amax is that value."""
+    gen = probes.generator(seed, "nvfp4/te_dequant")
+    weights = []
+    for i in range(TE_DEQUANT_EXPERTS):
+        mag = 10.0 ** (-3 + 6 * i / (TE_DEQUANT_EXPERTS - 1))
+        blocks = torch.randn(128 * 8, NVFP4_BLOCK, generator=gen) * (mag * 10.0 ** -torch.rand(128 * 8, 1, generator=gen))
+        w = blocks.reshape(128, 128).to(torch.bfloat16)
+        if i % 2:
+            flat = w.reshape(-1)
+            top = int(flat.to(torch.float32).abs().argmax())
+            c = TE_DEQUANT_AMAX_ODD[(i // 2) % len(TE_DEQUANT_AMAX_ODD)]
+            k = math.floor(math.log2(float(flat[top].abs()) / c)) + 1
+            flat[top] = math.copysign(c * 2.0**k, float(flat[top]))
+        weights.append(w)
+    tie = torch.zeros(2, NVFP4_BLOCK, dtype=torch.bfloat16)
+    tie[0, 0], tie[0, 1], tie[1, 0] = 2.625, 9.875, 18.375
+    weights.append(tie)
+    amax = torch.stack([w.to(torch.float32).abs().amax() for w in weights])
+    return make_case("te_dequant", weights, amax)
+
+
 def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> Case:
     """``calibrated``: ``CALIBRATED_AMAX`` plus up to ``n_split`` seeded random bf16 amax in
     ``[2**-8, 2**8]`` at which the reference variants' pre-round value of ``x = amax`` differ
@@ -245,16 +384,22 @@ def calibrated_tiny_case() -> Case:
 
 
 def build_cases(
-    fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, calibrated_only: bool = False, **options
+    fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, calibrated_only: bool = False,
+    mx_shuffles: int = MX_SHUFFLES, mx_random_blocks: int = MX_RANDOM_BLOCKS, **options
 ) -> list[Case]:
     """The cases of the module docstring for ``fmt``; ``calibrated_only``: the two calibrated cases alone.
 
     * ``seed``: construction seed (``probes.generator``);
     * ``n_ties``: near-tie constructions (each at 5 amax ulp offsets);
     * ``n_split``: variant-splitting amax added to ``all_bf16`` and ``calibrated``;
+    * ``mx_shuffles``, ``mx_random_blocks``: ``mx_cases``' sizes (formats without amax);
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
+    if not reference.format_spec(fmt).takes_amax:
+        return mx_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
+    if fmt == "nvfp4":
+        calibrated.append(nvfp4_te_dequant_case(seed=seed))
     if calibrated_only:
         return calibrated
     if fmt == "nvfp4":

@@ -36,22 +36,26 @@ from moe_fq_parity import reference
 
 from . import BACKENDS
 from .checks import calibration_rows, clip_rule_row, ste_rows
-from .match_cases import Case, build_cases
+from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 from .modelopt_backend import BUILDS, modelopt_version, prepare_extensions
 from .registry import resolve
 from .te_backend import te_version
+from .torchao_backend import torchao_version
 from .variant_match import FormatMatch, match_variants
 from moe_fq_parity.harness.core.contract import backend_available
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
 from moe_fq_parity.harness.sections import Section, SectionRow
 
 SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
-    "smoke": {"n_ties": 40, "n_split": 2},
-    "ci": {"n_ties": 100, "n_split": 3},
-    "nightly": {"n_ties": 2000, "n_split": 8},
-    "ultra": {"n_ties": 2000, "n_split": 8},
+    "smoke": {"n_ties": 40, "n_split": 2, "mx_shuffles": 0, "mx_random_blocks": 512},
+    "ci": {"n_ties": 100, "n_split": 3, "mx_shuffles": 1, "mx_random_blocks": 2048},
+    "nightly": {"n_ties": 2000, "n_split": 8, "mx_shuffles": MX_SHUFFLES, "mx_random_blocks": MX_RANDOM_BLOCKS},
+    "ultra": {"n_ties": 2000, "n_split": 8, "mx_shuffles": MX_SHUFFLES, "mx_random_blocks": MX_RANDOM_BLOCKS},
 }, what="external SUITE_SIZES")
-"""Near-tie constructions and variant-splitting amax per suite."""
+"""Near-tie constructions and variant-splitting amax per suite; for the formats without amax (MX),
+the ``blocks/all_bf16`` permutations and the random blocks (``match_cases.mx_cases``: the boundary and
+special-block cases are complete in every suite).  MX elements per format: smoke ~0.2M, ci ~0.37M,
+nightly ~1.2M (``variant_match``'s defaults)."""
 
 EXPECTED: dict[tuple[str, str], str] = {
     **{("modelopt", f): "cuda" for f in ("int8", "int4", "fp8_e4m3")},
@@ -59,12 +63,21 @@ EXPECTED: dict[tuple[str, str], str] = {
     **{("modelopt-eager", f): "eager" for f in ("int8", "int4", "fp8_e4m3")},
     ("te", "fp8_e4m3"): "cuda",
     ("te-current", "fp8_e4m3"): "te_current",
-    ("te", "nvfp4"): "te",
+    ("te", "nvfp4"): "te_qdq",
+    ("torchao", "nvfp4"): "torchao",
+    **{("modelopt-mx", f): "modelopt" for f in ("mxfp8", "mxfp4")},
+    **{(f"torchao-{m}" if m != "floor" else "torchao", f): f"torchao_{m}" for m in ("floor", "ceil", "even") for f in ("mxfp8", "mxfp4")},
+    **{("torchao-rceil", f): "torchao_rceil" for f in ("mxfp8", "mxfp4")},
 }
 """The reference variant each external path is expected to match (docs/measured.md §5-§8 and the
 variants' docstrings).  ``te`` FP8 is handed the ``cuda`` scale (tiny amax as 1) by its adapter;
 ``te-current`` computes ``RN(448/amax)`` itself with no tiny-amax rule, which is ``cuda`` only for
-amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``)."""
+amax > 2**-24 (the ``per_case`` column shows the split: ``calibrated`` vs ``calibrated_tiny``).
+torchao's four MX modes are expected to match ``torchao_<mode>`` (``reference.mx``: FLOOR/CEIL/EVEN differ
+from the OCP-named variants on Inf and code-0 blocks; the RCEIL CPU path divides by the element max
+where ``te`` multiplies by its rounded reciprocal, which differs for MXFP4 at the fp32 subnormal
+edge); Model-Optimizer's MXFP4 matches ``modelopt``, whose MXFP4 element rule is its
+``mxfp4_tensor.py`` (ties toward zero, ``+0`` written as ``-0``)."""
 
 COLUMNS = ["backend", "format", "options", "version", "expected", "matched", "mismatches", "tie_flips", "per_case", "elements", "near_ties"]
 
@@ -75,8 +88,10 @@ def _options(fmt: str) -> list[dict[str, Any]]:
 
 def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:
     narrow = " --narrow-range" if options.get("narrow_range") else ""
+    mx = "" if reference.format_spec(fmt).takes_amax else (
+        f" --mx-shuffles {sizes.get('mx_shuffles', MX_SHUFFLES)} --mx-random-blocks {sizes.get('mx_random_blocks', MX_RANDOM_BLOCKS)}")
     return (f"python -m moe_fq_parity.harness.sections.external.variant_match --backend {name} --format {fmt} --seed {seed} "
-            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}")
+            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}{mx}")
 
 
 def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approximate_division: bool = False,
@@ -184,6 +199,7 @@ def run(suite: str, seed: int, device: str) -> Section:
     for name, spec in BACKENDS.items():
         rows += backend_rows(name, spec, seed, sizes, device, cache)
     notes = (f"nvidia-modelopt {modelopt_version() or 'not installed'}; transformer_engine {te_version() or 'not importable'}; "
+             f"torchao {torchao_version() or 'not installed'}; "
              f"torch {torch.__version__}; 'modelopt' = CUDA extension (INT, FP8) and Triton (NVFP4) path, "
              f"'modelopt-eager' = its eager torch code on CPU; suite {suite}: {sizes}")
     if BUILDS:

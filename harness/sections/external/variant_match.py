@@ -15,7 +15,9 @@ round the other way.  Those mismatches are counted (``tie_flips``) and listed ap
 (``tie_offenders``, every one of them); a variant whose only mismatches are exact-tie flips is
 ``matched_up_to_ties``, never ``matched``.
 
-Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``.
+Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``;
+``--backend torchao`` runs every member of the family ``FAMILIES["torchao"]`` (its four MX scale
+modes and its NVFP4) on the same cases.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from moe_fq_parity.harness.core.records import Offender
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
 from moe_fq_parity.reports.schema import dumps
 
-from . import probes
-from .match_cases import Case, build_cases
+from . import FAMILIES, probes
+from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 
 DEFAULT_CAP = MAX_OFFENDERS
 """Offenders listed per variant and case by default (all are counted): the harness's one cap."""
@@ -144,7 +146,8 @@ class FormatMatch:
 
 def _run_backend(backend: object, case: Case, fmt: str, options: dict) -> torch.Tensor:
     dev = backend_device(backend)
-    outs = backend.fake_quant([w.to(dev) for w in case.weights], case.amax.to(dev), fmt, **options)
+    amax = None if case.amax is None else case.amax.to(dev)
+    outs = backend.fake_quant([w.to(dev) for w in case.weights], amax, fmt, **options)
     return torch.cat([o.detach().reshape(-1).cpu() for o in outs])
 
 
@@ -154,7 +157,7 @@ def _reference(case: Case, fmt: str, variant: str, options: dict) -> tuple[torch
         tr = reference.fake_quant_traced(case.stacked, case.stacked_amax, fmt, variant, **options)
         return tr.out.reshape(-1), tr.pre_round.reshape(-1), tr.grid_round
     outs, pres, grid = [], [], None
-    for w, a in zip(case.weights, reference.split_expert_amax(case.weights, case.amax)):
+    for w, a in zip(case.weights, reference.split_expert_amax(case.weights, case.amax, fmt=fmt)):
         tr = reference.fake_quant_traced(w, a, fmt, variant, **options)
         outs.append(tr.out.reshape(-1))
         pres.append(tr.pre_round.reshape(-1))
@@ -229,11 +232,12 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
 
 def match_variants(
     backend: object, fmt: str, *, seed: int = 0, n_ties: int = 200, n_split: int = 4, cap: int = DEFAULT_CAP,
-    cases: Optional[Sequence[Case]] = None, **options,
+    cases: Optional[Sequence[Case]] = None, mx_shuffles: int = MX_SHUFFLES, mx_random_blocks: int = MX_RANDOM_BLOCKS,
+    **options,
 ) -> FormatMatch:
     """Run ``backend`` and every reference variant of ``fmt`` over the cases and compare.
 
-    * ``seed``, ``n_ties``, ``n_split``: passed to ``match_cases.build_cases`` (calibrated case
+    * ``seed``, ``n_ties``, ``n_split``, ``mx_shuffles``, ``mx_random_blocks``: passed to ``match_cases.build_cases`` (calibrated case
       only for a format in the backend's ``calibrated_only``);
     * ``cap``: offenders listed per variant and case (all are counted);
     * ``cases``: precomputed cases (to share them between backends);
@@ -241,7 +245,8 @@ def match_variants(
     """
     if cases is None:
         only = fmt in getattr(backend, "calibrated_only", ())
-        cases = build_cases(fmt, seed=seed, n_ties=n_ties, n_split=n_split, calibrated_only=only, **options)
+        cases = build_cases(fmt, seed=seed, n_ties=n_ties, n_split=n_split, calibrated_only=only,
+                            mx_shuffles=mx_shuffles, mx_random_blocks=mx_random_blocks, **options)
     name = getattr(backend, "name", type(backend).__name__)
     return FormatMatch(name, fmt, dict(options), tuple(match_case(backend, c, fmt, cap=cap, **options) for c in cases))
 
@@ -296,11 +301,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .registry import load_backend
 
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
-    p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, the built-ins) or module:object")
+    p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, "
+                   "torchao, torchao-ceil, torchao-even, torchao-rceil, the built-ins), module:object, or a family "
+                   "(" + "; ".join(f"{k}: {' '.join(v)}" for k, v in FAMILIES.items()) + ")")
     p.add_argument("--format", dest="fmt", action="append", choices=reference.FORMATS, help="format (repeatable); default: all the backend runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ties", type=at_least(1), default=200)
     p.add_argument("--n-split", type=at_least(0), default=4)
+    p.add_argument("--mx-shuffles", type=at_least(0), default=MX_SHUFFLES, help="MX-style formats: permutations in blocks/all_bf16")
+    p.add_argument("--mx-random-blocks", type=at_least(0), default=MX_RANDOM_BLOCKS,
+                   help="MX-style formats: blocks per random case (a multiple of 8)")
     p.add_argument("--cap", type=at_least(0), default=DEFAULT_CAP)
     p.add_argument("--show", type=at_least(0), default=4, help="offenders printed per variant and case")
     p.add_argument("--narrow-range", action="store_true", help="INT formats: narrow range")
@@ -308,31 +318,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tie-probe", action="store_true",
                    help="NVFP4: also run the exact-tie probe (reference.nvfp4.nvfp4_tie_probe) and print what the backend gives")
     args = p.parse_args(argv)
-    try:
-        backend, why = load_backend(args.backend)
-    except ValueError as exc:  # malformed or unknown: a usage error
-        p.error(f"--backend: {exc}")
-    if backend is None:
-        print(f"error: {args.backend}: unavailable: {why}", file=sys.stderr)
-        return 2
-    foreign = [f for f in args.fmt or () if f not in backend.formats]
-    if foreign:
-        p.error(f"--format: {getattr(backend, 'name', args.backend)} does not run {foreign}; it runs {sorted(backend.formats)}")
-    results = []
-    for fmt in args.fmt or sorted(backend.formats):
-        probe = getattr(backend, "format_available", None)
-        fok, fwhy = probe(fmt) if callable(probe) else (True, "")
-        if not fok:
-            print(f"{getattr(backend, 'name', args.backend)} {fmt}: not run here: {fwhy}")
-            continue
-        opts = {"narrow_range": True} if args.narrow_range and reference.format_spec(fmt).option("narrow_range") else {}
-        m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap, **opts)
-        print("\n".join(summary_lines(m, offenders=args.show)))
-        results.append(m.to_json())
-        if args.tie_probe and fmt == "nvfp4":
-            probe_result = tie_probe(backend)
-            print("tie probe: " + ", ".join(f"{k}={v!r}" for k, v in probe_result.items()))
-            results.append({"backend": getattr(backend, "name", args.backend), "tie_probe": probe_result})
+    if args.mx_shuffles < 0 or args.mx_random_blocks < 0 or args.mx_random_blocks % 8:
+        p.error("--mx-shuffles must be >= 0 and --mx-random-blocks a non-negative multiple of 8")
+    names = FAMILIES.get(args.backend, (args.backend,))
+    results: list[dict[str, Any]] = []
+    shared: dict[str, list[Case]] = {}
+    for name in names:
+        try:
+            backend, why = load_backend(name)
+        except ValueError as exc:  # malformed or unknown: a usage error
+            p.error(f"--backend: {exc}")
+        if backend is None:
+            print(f"error: {name}: unavailable: {why}", file=sys.stderr)
+            if len(names) > 1 and name != names[0]:
+                continue
+            return 2
+        foreign = [f for f in args.fmt or () if f not in backend.formats]
+        if foreign and len(names) == 1:
+            p.error(f"--format: {getattr(backend, 'name', name)} does not run {foreign}; it runs {sorted(backend.formats)}")
+        for fmt in args.fmt or sorted(backend.formats):
+            if len(names) > 1 and fmt not in backend.formats:
+                print(f"{getattr(backend, 'name', name)} {fmt}: not run: {name} has no {fmt} path")
+                continue
+            probe = getattr(backend, "format_available", None)
+            fok, fwhy = probe(fmt) if callable(probe) else (True, "")
+            if not fok:
+                print(f"{getattr(backend, 'name', name)} {fmt}: not run here: {fwhy}")
+                continue
+            opts = {"narrow_range": True} if args.narrow_range and reference.format_spec(fmt).option("narrow_range") else {}
+            cases = None
+            if fmt not in getattr(backend, "calibrated_only", ()) and not opts:
+                if fmt not in shared:
+                    shared[fmt] = build_cases(fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split,
+                                              mx_shuffles=args.mx_shuffles, mx_random_blocks=args.mx_random_blocks)
+                cases = shared[fmt]
+            m = match_variants(backend, fmt, seed=args.seed, n_ties=args.n_ties, n_split=args.n_split, cap=args.cap,
+                               cases=cases, mx_shuffles=args.mx_shuffles, mx_random_blocks=args.mx_random_blocks, **opts)
+            print("\n".join(summary_lines(m, offenders=args.show)))
+            results.append(m.to_json())
+            if args.tie_probe and fmt == "nvfp4":
+                probe_result = tie_probe(backend)
+                print("tie probe: " + ", ".join(f"{k}={v!r}" for k, v in probe_result.items()))
+                results.append({"backend": getattr(backend, "name", name), "tie_probe": probe_result})
     if args.json:
         with open(args.json, "w") as fh:
             fh.write(dumps(results))

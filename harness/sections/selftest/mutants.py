@@ -247,7 +247,7 @@ def _declines_nvfp4(self, weights, amax, fmt, **options):
 # --- block-scaled formats (scales from the data per tile) ---------------------------------------
 
 def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, amax_bf16=False, nonfinite_code=E8M0_NAN,
-           code0_zero=False, axis="in") -> Tensor:
+           code0_zero=False, axis="in", code0_inverse=None) -> Tensor:
     """MX fake quant of one expert (``reference.mx`` steps 1-7) with one step selectable (mutated)."""
     elem = "e4m3" if fmt == "mxfp8" else "e2m1"
     emax, mbits, emx, elem_round = MX.ELEMENTS[elem]
@@ -261,9 +261,9 @@ def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, 
     if nonfinite_code != E8M0_NAN:
         code = torch.where(torch.isfinite(a), code, torch.full_like(code, nonfinite_code))
     code = code.unsqueeze(-1)
-    inv = MX.e8m0_inverse(code)
-    if variant == "te":
-        inv = torch.where(code == 0, torch.ones(()), inv)
+    inv = MX.mx_inverse(code, variant)
+    if code0_inverse is not None:  # step 3's multiplier for code 0 replaced
+        inv = torch.where(code == 0, torch.full((), code0_inverse), inv)
     dec = MX.e8m0_decode(code)
     if code0_zero:  # E8M0 code 0 decoded as 0 instead of 2**-127
         dec = torch.where(code == 0, torch.zeros(()), dec)
@@ -361,6 +361,8 @@ def build_mutants() -> list[Mutant]:
         Mutant("mx-amax-through-bf16", "MX block amax rounded to bf16 before its exponent is taken", mx, _mx({"amax_bf16": True})),
         Mutant("mx-inf-block-0xfe", "MX floor rule: an inf/NaN block gets code 0xFE (saturated) instead of 0xFF (NaN)", mx,
                _mx({"nonfinite_code": 0xFE})),
+        Mutant("mx-torchao-code0-unclamped", "torchao FLOOR: a code-0 block quantized at 2**-127 (torchao clamps its fp32 scale to "
+               "2**-126)", mx, _mx({"code0_inverse": 2.0**127}), variants=frozenset({"torchao_floor"})),
         Mutant("e8m0-code0-as-zero", "E8M0 code 0 decoded as 0 instead of 2**-127", mx, _mx({"code0_zero": True})),
         Mutant("tile-wrong-axis", "blocks of 32 / 128 along out-features instead of in-features (1D blocks transposed)",
                mx | ({"fp8_block", "int4_group"} & all_formats), _tiles_wrong_axis),
