@@ -163,4 +163,4 @@ def test_the_pytest_plugin_plans_the_same_way(tmp_path):
                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(repo)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert f"{LABEL}: backend formats ['int8'] do not include int4" in proc.stdout, proc.stdout[-3000:]
-    assert "3 passed, 2 skipped" in proc.stdout.splitlines()[-1], proc.stdout.splitlines()[-1]
+    assert "5 passed, 4 skipped" in proc.stdout.splitlines()[-1], proc.stdout.splitlines()[-1]

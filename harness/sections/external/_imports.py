@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import warnings
 from contextlib import contextmanager
 from functools import lru_cache
@@ -15,10 +16,17 @@ def quiet_import() -> Iterator[None]:
     """Hide the warnings a third-party package gives while *we* import it (Megatron-Core, reached
     from Model-Optimizer, warns five times that Apex and Transformer Engine are missing; in a run's
     section processes 87 lines), and only those: the filter is scoped to the import and is restored
-    after it, so the user's own warnings and those of later calls show as before."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    after it, so the user's own warnings and those of later calls show as before.  Log records up
+    to WARNING are held back the same way (torchao logs two "Failed to load ..." lines for its
+    CUDA-only libraries on a CPU host, and torch two deprecation lines, on import)."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
 
 
 
