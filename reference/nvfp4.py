@@ -223,13 +223,19 @@ def round_to_e2m1_torchao(v: torch.Tensor) -> torch.Tensor:
     ``_f32_to_floatx_unpacked``) as fp32 values: ``round_to_e2m1`` for every non-NaN ``v``; a NaN ``v``
     takes the normal-range branch on its bits ``b`` (sign cleared): magnitude code
     ``((b - (126 << 23) + 0x1FFFFF + ((b >> 22) & 1)) >> 22) & 0xFF`` (2, 3 or 4 for any NaN: E2M1 1, 1.5
-    or 2), sign from ``v``'s sign bit."""
-    bits = v.view(torch.int32)
-    mag = bits & 0x7FFFFFFF
+    or 2), sign from the NaN's sign bit.
+
+    The NaN's bits are the device's: torchao's only NaN here is ``0 * inf`` (a global amax whose
+    ``RN(1/pts)`` overflows), which an x86 CPU writes as its default NaN ``0xFFC00000`` (code 3:
+    -1.5) and a CUDA GPU as ``0x7FFFFFFF`` (code 4: +2).  The reference takes the CPU's bits on every
+    device, so its bits do not depend on where it runs; torchao on a GPU differs from this variant
+    on exactly those elements."""
+    nan_bits = torch.full_like(v.view(torch.int32), -4194304)  # 0xFFC00000, x86's default NaN
+    mag = nan_bits & 0x7FFFFFFF
     code = ((mag - (126 << 23) + 0x1FFFFF + ((mag >> 22) & 1)) >> 22) & 0xFF
     table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=v.device)
     nan_val = table[code.clamp(0, 7)]
-    nan_val = torch.where(bits < 0, -nan_val, nan_val)
+    nan_val = torch.where(nan_bits < 0, -nan_val, nan_val)
     return torch.where(torch.isnan(v), nan_val, round_to_e2m1(v))
 
 
