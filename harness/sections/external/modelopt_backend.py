@@ -165,9 +165,11 @@ def prepare_extensions() -> str:
     Called by the external section's ``prepare()`` in its own process while the run's cases still
     use the GPU.  Model-Optimizer reads the GPU's compute capability with
     ``torch.cuda.get_device_capability()`` (which initialises CUDA) unless ``TORCH_CUDA_ARCH_LIST``
-    is set; here it is set from NVML (``nvml_arch_list``) when the user has not set it.  What
-    remains is ``torch.cuda.is_available()`` (a device count; ``torch.cuda.is_initialized()``
-    stays False).  A failed build is recorded, and reported by the section's rows as today."""
+    is set; here it is set from NVML (``nvml_arch_list``) when the user has not set it.  The build
+    still initialises torch's CUDA state (``torch.cuda.is_initialized()`` True after it on an H200,
+    2026-11-27) but creates no context on the GPU: the process is not among nvidia-smi's compute
+    apps, so the cases' GPU memory is untouched (the section forks nothing).  A failed build is
+    recorded, and reported by the section's rows as today."""
     if try_import(_TENSOR_QUANT)[0] is None:
         return "nvidia-modelopt not importable"
     if torch.version.cuda is None:
