@@ -9,7 +9,8 @@ For every backend of ``harness.external.BACKENDS`` that can run here, and every 
   message, all of them in ``python -m moe_fq_parity.harness.sections.external.variant_match``).
   One exception, declared by the backend and never assumed: for a format in the backend's
   ``approximate_division`` (Model-Optimizer's Triton NVFP4 kernel divides with ``div.full.f32``),
-  a variant whose only mismatches are exact-tie flips (``variant_match.exact_tie``) passes, and
+  a variant whose only mismatches are exact-tie flips (``variant_match.exact_tie``) or flips within
+  the division's error bound of a rounding boundary (``variant_match.division_flip``) passes, and
   the row says how many flips there were (``tie_flips``; every one in ``variant_match --show``);
 * STE rows (both modes, per expert and per channel), the clip-rule fingerprint
   (``checks.clip_rule_row``: which ``reference.CLIP_RULES`` the clipped backward follows) and
@@ -41,7 +42,7 @@ from .modelopt_backend import BUILDS, modelopt_version, prepare_extensions
 from .registry import resolve
 from .te_backend import te_version
 from .torchao_backend import torchao_version
-from .variant_match import FormatMatch, match_variants
+from .variant_match import APPROX_DIVISION_ULPS, FormatMatch, match_variants
 from moe_fq_parity.harness.core.contract import backend_available
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
 from moe_fq_parity.harness.sections import Section, SectionRow
@@ -104,13 +105,16 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
         "backend": m.backend, "format": m.fmt, "options": opt, "version": version, "expected": expected or "-",
         "matched": ", ".join(m.matched) or "none",
         "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
-        "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" for v in m.variant_names if m.tie_flips(v)) or "0",
+        "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" + (f" (+{m.division_flips(v)} near)" if m.division_flips(v) else "")
+                               for v in m.variant_names if m.tie_flips(v) or m.division_flips(v)) or "0",
         "per_case": "; ".join(f"{c.case}: {', '.join(v.variant for v in c.variants if v.matches) or 'none'}"
                               for c in m.cases if not (c.error or c.declined)),
         "elements": m.numel, "near_ties": m.near_tie,
     }
     if m.matched_up_to_ties:
         fields["matched"] += (" | " if m.matched else "") + "up to exact-tie flips: " + ", ".join(m.matched_up_to_ties)
+    if m.matched_up_to_division:
+        fields["matched"] += (" | " if m.matched or m.matched_up_to_ties else "") + "up to approximate-division flips: " + ", ".join(m.matched_up_to_division)
     if m.declined:
         fields["declined"] = " | ".join(m.declined)[:300]
     if m.errors:
@@ -123,6 +127,11 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
         return SectionRow(rid, "pass", fields, repro,
                           f"{m.tie_flips(expected)} exact E2M1 ties rounded away from even (the kernel's approximate "
                           f"fp32 division); every other element matches {expected}")
+    if not ok and approximate_division and expected in m.matched_up_to_division:
+        return SectionRow(rid, "pass", fields, repro,
+                          f"{m.tie_flips(expected)} exact and {m.division_flips(expected)} near E2M1 ties (within "
+                          f"{APPROX_DIVISION_ULPS} fp32 ulps) rounded to the other side (the kernel's approximate fp32 "
+                          f"division); every other element matches {expected}")
     return SectionRow(rid, "pass" if ok else "fail", fields, repro, "" if ok else _first(m, expected))
 
 
