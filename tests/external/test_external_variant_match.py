@@ -120,6 +120,9 @@ class UlpUpQuotient(ReferenceVariant):
     def __init__(self):
         super().__init__("modelopt_static", formats={"nvfp4"})
 
+    def quotient(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nextafter(q, torch.full_like(q, float("inf")))
+
     def fake_quant(self, weights, amax, fmt, **options):
         from moe_fq_parity.reference.nvfp4 import block_amax, static_block_scales, to_blocks
         from moe_fq_parity.reference.rounding import round_to_e2m1
@@ -129,9 +132,7 @@ class UlpUpQuotient(ReferenceVariant):
             xb = to_blocks(w.float(), 16)
             sc = static_block_scales(block_amax(w), g)[..., None]
             safe = torch.where(sc == 0, torch.ones(()), sc)
-            a = xb.abs() / safe
-            a = torch.nextafter(a, torch.full_like(a, float("inf")))
-            m = round_to_e2m1(a) * safe
+            m = round_to_e2m1(self.quotient(xb.abs() / safe)) * safe
             y = torch.where(sc == 0, torch.zeros(()), torch.where(xb >= 0, m, 0.0 - m))
             out.append(y.reshape(w.shape).to(w.dtype))
         return out
@@ -205,32 +206,18 @@ def _nudge(a: torch.Tensor, ulps: torch.Tensor) -> torch.Tensor:
     return a
 
 
-class ApproxQuotient(ReferenceVariant):
+class ApproxQuotient(UlpUpQuotient):
     """``modelopt_static`` whose ``|x| / scale`` is off by up to ``bound`` fp32 ulps, each element by a
     fixed pseudo-random amount in ``[-bound, bound]``: a stand-in for ``div.full.f32`` (bound 2), or for
     a division worse than it claims (bound > 2)."""
 
     def __init__(self, bound: int):
-        super().__init__("modelopt_static", formats={"nvfp4"})
+        super().__init__()
         self.bound = bound
 
-    def fake_quant(self, weights, amax, fmt, **options):
-        from moe_fq_parity.reference.nvfp4 import block_amax, static_block_scales, to_blocks
-        from moe_fq_parity.reference.rounding import round_to_e2m1
-
-        out = []
-        for w, g in zip(weights, reference.split_expert_amax(weights, amax)):
-            xb = to_blocks(w.float(), 16)
-            sc = static_block_scales(block_amax(w), g)[..., None]
-            safe = torch.where(sc == 0, torch.ones(()), sc)
-            gen = torch.Generator().manual_seed(w.numel())
-            ulps = torch.randint(-self.bound, self.bound + 1, xb.shape, generator=gen)
-            q = xb.abs() / safe
-            a = _nudge(q, torch.where(q == 0, 0, ulps))  # a zero quotient is exact in any division
-            m = round_to_e2m1(a) * safe
-            y = torch.where(sc == 0, torch.zeros(()), torch.where(xb >= 0, m, 0.0 - m))
-            out.append(y.reshape(w.shape).to(w.dtype))
-        return out
+    def quotient(self, q: torch.Tensor) -> torch.Tensor:
+        ulps = torch.randint(-self.bound, self.bound + 1, q.shape, generator=torch.Generator().manual_seed(q.numel()))
+        return _nudge(q, torch.where(q == 0, 0, ulps))  # a zero quotient is exact in any division
 
 
 def test_near_tie_flips_within_the_division_bound_pass_only_when_declared():

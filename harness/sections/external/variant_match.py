@@ -328,20 +328,17 @@ def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
             for o in v.offenders[:offenders]:
                 lines.append(f"    vs {v.variant}: expert {o.expert} [{o.row}, {o.col}] amax {o.amax_bits} x {o.input_bits} "
                              f"expected {o.expected_bits} got {o.got_bits} ({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
+    def flips(variant: str, listed: Any) -> list[str]:
+        return [f"    {c.case} expert {o.expert} [{o.row}, {o.col}] ({o.cls}): amax {o.amax!r} x {o.input!r} ({o.input_bits}) "
+                f"|x|/scale = {abs(o.pre_round)!r} expected {o.expected!r} got {o.got!r}"
+                for c in m.cases for r in c.variants if r.variant == variant for o in listed(r)]
+
     for v in m.matched_up_to_ties:
         lines.append(f"  exact-tie flips vs {v} (IEEE rounds the tie to even; the backend went the other way):")
-        for c in m.cases:
-            for r in c.variants:
-                if r.variant == v:
-                    lines += [f"    {c.case} expert {o.expert} [{o.row}, {o.col}]: amax {o.amax!r} x {o.input!r} ({o.input_bits}) |x|/scale = {abs(o.pre_round)!r} "
-                              f"expected {o.expected!r} got {o.got!r}" for o in r.tie_offenders]
+        lines += flips(v, lambda r: r.tie_offenders)
     for v in m.matched_up_to_division:
         lines.append(f"  flips within {APPROX_DIVISION_ULPS} fp32 ulps of a rounding boundary vs {v} (an approximate division's quotient crossed it):")
-        for c in m.cases:
-            for r in c.variants:
-                if r.variant == v:
-                    lines += [f"    {c.case} expert {o.expert} [{o.row}, {o.col}] ({o.cls}): amax {o.amax!r} x {o.input!r} ({o.input_bits}) "
-                              f"pre_round {o.pre_round!r} expected {o.expected!r} got {o.got!r}" for o in r.tie_offenders + r.division_offenders]
+        lines += flips(v, lambda r: r.tie_offenders + r.division_offenders)
     return lines
 
 
