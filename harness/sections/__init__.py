@@ -207,7 +207,8 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
     """Body of a section's own process (``threads``: its share of the parent's PyTorch threads;
     ``siblings``: the other section processes running at once, ``processes.SIBLINGS_ENV``):
     prepares the section, waits for the parent's ``"go"`` (on a GPU run, not if the section is
-    ``_host_only``: it starts at once, beside the cases), then sends its JSON (or the exception's last
+    ``_host_only``: it starts at once, beside the cases, and counts half of the host's CPUs as taken
+    by them), then sends its JSON (or the exception's last
     line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
     ends the process without running the section."""
     try:
@@ -215,12 +216,15 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
 
         import torch
 
-        from moe_fq_parity.harness.core.processes import SIBLINGS_ENV
+        from moe_fq_parity.harness.core.processes import SIBLINGS_ENV, usable_cpus
 
+        early = device.startswith("cuda") and _host_only(target, device)
+        if early:  # beside the cases: their process builds inputs on the host's CPUs, leave it half
+            siblings += max(1, usable_cpus() // 2)
         os.environ[SIBLINGS_ENV] = str(siblings)  # before prepare(): a process server started there inherits it
         torch.set_num_threads(threads)
         _prepare(target)
-        if not (device.startswith("cuda") and _host_only(target, device)) and conn.recv() != "go":
+        if not early and conn.recv() != "go":
             return
         conn.send(("ok", _timed(name, target, suite, seed, device, part)))
     except EOFError:
