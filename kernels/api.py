@@ -17,7 +17,7 @@ by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outp
 ``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
-(``launch.table_for``), so a repeated call (same weights, new amax values or not) skips the
+(``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
 per-expert validation and every host-to-device copy, and launches the compiled kernel directly.
 Shape/type errors are raised on the host whenever the table is new.  Measured on an H100 host
 (torch 2.11, Triton 3.6, two runs of 1,000 calls; ``docs/kernels_performance.md`` §2):
@@ -36,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-from . import checks, env, launch
+from . import checks, env, launch, tables
 from .amax import amax_for_list, amax_for_rows, amax_for_stacked
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
@@ -110,9 +110,9 @@ def fake_quant_experts(
     if len(weights) == 0:
         split_expert_amax(weights, amax)  # the reference's rule: amax a tensor with one entry per expert (none)
         return []
-    table = launch.table_for(weights, validate=lambda: _validate_list(weights))
+    table = tables.table_for(weights, validate=lambda: _validate_list(weights))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
-    flat, outs = launch.alloc_outputs(table, weights[0].dtype, table.device)
+    flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
     if table.total or mode:
         launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
@@ -171,9 +171,9 @@ def ste_backward_experts(
 
 def _clipped_launch(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
     """The clipped-STE kernel over an expert list (validated on a table-cache miss); one launch."""
-    table = launch.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
+    table = tables.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
-    flat, outs = launch.alloc_outputs(table, grads[0].dtype, table.device)
+    flat, outs = tables.alloc_outputs(table, grads[0].dtype, table.device)
     if table.total:
         launch.bwd_list(table, weights, grads, flat, a)
     return outs

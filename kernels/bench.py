@@ -125,12 +125,12 @@ class KernelRunner:
     """Prepared launches (tables, outputs) over ``copies`` input sets, for timing and checking."""
 
     def __init__(self, sets: list[tuple[list[torch.Tensor], torch.Tensor]]):
-        from . import launch
+        from . import launch, tables
 
         self.launch = launch
         self.sets = sets
-        self.tables = [launch.expert_table(ws) for ws, _ in sets]
-        self.outs = [launch.alloc_outputs(t, torch.bfloat16, ws[0].device) for t, (ws, _) in zip(self.tables, sets)]
+        self.tables = [tables.expert_table(ws) for ws, _ in sets]
+        self.outs = [tables.alloc_outputs(t, torch.bfloat16, ws[0].device) for t, (ws, _) in zip(self.tables, sets)]
 
     def fwd(self, fmt: str, config=None) -> list[Callable[[], None]]:
         from .amax import amax_for_list
@@ -144,12 +144,13 @@ class KernelRunner:
         return fns
 
     def bwd(self, grads: list[torch.Tensor], config=None) -> list[Callable[[], None]]:
+        from . import tables
         from .amax import amax_for_list
 
         fns = []
         for ws, amax in self.sets:
-            table = self.launch.expert_table(ws, grads)
-            flat, _ = self.launch.alloc_outputs(table, grads[0].dtype, grads[0].device)
+            table = tables.expert_table(ws, grads)
+            flat, _ = tables.alloc_outputs(table, grads[0].dtype, grads[0].device)
             view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=False)
             fns.append(lambda t=table, w=ws, f=flat, v=view: self.launch.bwd_list(t, w, grads, f, v, config=config))
         return fns
@@ -452,7 +453,7 @@ def host_floor_rows(params: list[torch.Tensor], grads: list[torch.Tensor], calls
       gradient accumulations of a module with N weights).
 
     ``sync`` runs before each timed call (the device's synchronize on a GPU)."""
-    from .launch import table_key
+    from .tables import table_key
 
     n, shape, dtype, device = len(params), tuple(params[0].shape), params[0].dtype, params[0].device
     state: dict = {}
@@ -565,7 +566,7 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     bandwidth: a format whose ceiling is below 100% cannot reach copy bandwidth on this GPU (and on
     a GPU with the same SMs and faster HBM, it reaches at most ceiling/copy there).  Also registers,
     spills, warps and PTX instruction counts of the production-case launch."""
-    from . import launch
+    from . import launch, tables
     from .copy_kernel import tiled_copy_kernel
     from .geometry import grid_for
     from .launch import FWD_CONFIG, tile_for
@@ -574,7 +575,7 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     w = make_experts(1, shape, seed=3)[0][0]
     ws = [w] * n
     amax = torch.full((n,), float(w.float().abs().amax()), device="cuda")
-    table = launch.expert_table(ws)
+    table = tables.expert_table(ws)
     table.meta[1].zero_()  # every expert writes the same buffer
     flat = torch.empty(shape[0] * shape[1], dtype=torch.bfloat16, device="cuda")
     nominal = 4 * n * shape[0] * shape[1]

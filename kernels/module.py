@@ -16,7 +16,7 @@ kernel on every forward without a host sync (``check_values``, default ``True``;
 later call or ``kernels.raise_pending_errors()``; ``check_values="sync"`` raises in the forward
 itself (one device sync, not capturable in a CUDA graph).
 
-Host cost and CUDA graphs: the expert table is cached by ``launch.table_for``, and the forward and
+Host cost and CUDA graphs: the expert table is cached by ``tables.table_for``, and the forward and
 the clipped backward neither synchronise nor copy host memory to the device once the tables exist,
 so after one eager step a forward + backward can be captured in ``torch.cuda.CUDAGraph`` and
 replayed (bit-identical to eager: the same kernels on the same addresses; tested on an H100 for
