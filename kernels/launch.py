@@ -30,7 +30,7 @@ from .geometry import TileShape, choose_tile, flat_shapes, flat_width, grid_for,
 class KernelConfig:
     """Elements per program, warps, and how much tile padding ``choose_tile`` may accept.
 
-    GPU values are chosen from H100 measurements (``kernels/bench.py``).  Under the interpreter a
+    GPU values are chosen from H100 measurements (``benchmarks/``).  Under the interpreter a
     program costs milliseconds of Python whatever its size, so it gets few, large tiles.
     """
 
@@ -59,7 +59,7 @@ class KernelConfig:
 # tiled Nano experts as their 2048-wide flat view: `tiling`).  With the integer divisions
 # a program's scale prologue (two 64-bit divisions, serial) had to be spread over many tiles: at
 # N=8 x Nano, one tile per program gave FP8 75% / NVFP4 60% with it and 93% / 84% without it.
-# Elements per thread (block / (32 x warps)), one H100, kernel alone, every case of `kernels.bench`
+# Elements per thread (block / (32 x warps)), one H100, kernel alone, every case of `benchmarks.bench`
 # (80 MB to 5.4 GB; two rounds, best): INT at 16 (1024 x 2 warps) beat 32 (4096 x 4) in all 20
 # cases, by 1.3-4.2 points (N=8 x Nano 91.4 -> 94.0, Super N=4 78.0 -> 82.2, Ultra 97.7 -> 99.6),
 # and by 0.0-0.8 per channel (public call); 2048 x 4 and 4096 x 8 lay between.  The backward at 16

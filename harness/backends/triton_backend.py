@@ -112,7 +112,7 @@ class TritonBackend:
 
     def timed_entries(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: Optional[str] = None, *,
                       stacked: Optional[torch.Tensor] = None, **options) -> dict:  # fmt: skip
-        """Closures the ``perf`` check times (the quantities of ``kernels.bench``): ``default``, the
+        """Closures the ``perf`` check times (the quantities of ``benchmarks.bench``): ``default``, the
         public call as users make it (asynchronous checks); ``unchecked``, checks off; ``kernel``,
         the launch alone with its table prepared and outputs allocated once.  ``stacked``: time the
         one-tensor entry point on this ``[N, out, in]`` tensor instead of the expert list."""
