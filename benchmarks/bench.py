@@ -15,7 +15,7 @@ for every format and the clipped backward:
   flushed before it as the public call is: the run's copy curve (``harness.core.timing.copy_curve``,
   the perf check's too; its largest copy gives the copy bandwidth) at those bytes; the most a call
   of that size can show under that timer, a guide rather than a bound (measured:
-  ``docs/kernels_performance.md``);
+  ``docs/kernels_performance.md`` sections 6 and 9);
 * ``host_us``: host time of one public default call (``perf_counter``, median of ``--host-reps``
   calls, each started on an idle device);
 * ``speedup_vs_loop``: the per-expert eager loop (``reference.fake_quant_experts``, the baseline;

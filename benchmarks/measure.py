@@ -123,7 +123,7 @@ def api_ms(fn: Callable[[], object]) -> float:
     """Median over ``API_WINDOWS`` windows of ``do_bench``'s median (25 ms each, L2 flushed per call).
 
     One window now and then runs far slower than the windows around it, with the same calls and
-    nothing else on the GPU (measured: ``docs/kernels_performance.md``); with one window per number
+    nothing else on the GPU (``docs/kernels_performance.md`` section 9); with one window per number
     such an outlier reached the table.  The median of three keeps a lone slow window out; two in a
     row still show."""
     from triton.testing import do_bench  # deferred: Triton is an optional extra

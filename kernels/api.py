@@ -19,15 +19,13 @@ by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outp
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
 (``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
 per-expert validation and every host-to-device copy, and launches the compiled kernel directly.
-Shape/type errors are raised on the host whenever the table is new.  Measured on an H100 host
-(torch 2.11, Triton 3.6, two runs of 1,000 calls; ``docs/kernels_performance.md`` §2):
-``fake_quant_experts`` 32-60 µs median at N=4, 54-74 µs at N=8, 98-174 µs at N=32, 207-229 µs at
-N=128, checked or not (its flags go straight to mapped host memory, ``kernels/checks.py``); most of
-the growth with N is PyTorch creating the N output views and reading the N tensors' key
-attributes.  The stacked calls (``fake_quant``, ``ste_backward``) cache their launch plan on
-shape, dtype, device and options (``launch._stacked_plan``) and do no per-expert work on the host:
-17-67 µs median at every N from 4 to 128.  Repeated launches hand the compiled kernel's launcher
-raw device addresses (``launch._launch``).
+Shape/type errors are raised on the host whenever the table is new.  A checked call costs the
+host what an unchecked one does (its flags go straight to mapped host memory, ``kernels/checks.py``);
+most of the list calls' growth with N is PyTorch creating the N output views and reading the N
+tensors' key attributes.  The stacked calls (``fake_quant``, ``ste_backward``) cache their launch
+plan on shape, dtype, device and options (``launch._stacked_plan``) and do no per-expert work on
+the host.  Repeated launches hand the compiled kernel's launcher raw device addresses
+(``launch._launch``).  Measured host time per call: ``docs/kernels_performance.md`` sections 2 and 9.
 """
 
 from __future__ import annotations

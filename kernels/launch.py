@@ -30,8 +30,9 @@ from .geometry import TileShape, choose_tile, flat_shapes, flat_width, grid_for,
 class KernelConfig:
     """Elements per program, warps, and how much tile padding ``choose_tile`` may accept.
 
-    GPU values are chosen from H100 measurements (``benchmarks/``).  Under the interpreter a
-    program costs milliseconds of Python whatever its size, so it gets few, large tiles.
+    GPU values are chosen by measurement (``benchmarks/``; ``docs/kernels_performance.md`` sections
+    1, 8 and 9).  Under the interpreter a program costs milliseconds of Python whatever its size,
+    so it gets few, large tiles.
     """
 
     block: int
@@ -44,28 +45,16 @@ class KernelConfig:
     """Per-expert/per-row scale divisions: integer ``div_rn_pos`` (True) or ``tl.math.div_rn`` (the
     operands and quotients are provably normal there; NVFP4's ``1/ge`` takes the integer path only
     when its quotient is subnormal).  Both give the same bits; the integer path's 64-bit division
-    cost every program a long serial prologue (below)."""
+    cost every program a long serial prologue (``docs/kernels_performance.md`` section 9)."""
     tiles_per_program: int = 1
     """Most tiles each program loops over (per-expert scales computed once per program); fewer
     when the problem is small (``geometry.tiles_per_program``)."""
 
 
-# One H100 (copy 3,017 GB/s), kernel alone (`do_bench_cudagraph`, bf16, amax per expert), tiles per
-# program swept over 1/2/4/8 at 11 cases from N=4 x [1856, 2688] (80 MB moved) to Ultra N=32 x
-# [5120, 8192] (5.4 GB).  With the IEEE scale divisions one tile per program is fastest for INT,
-# FP8 and the backward in every case (Ultra: INT 97.2%, FP8 98.7%, backward 97.3% of copy; before,
-# INT 4 / FP8 8 / backward 2 tiles: 94.9 / 94.6 / 97.0%); NVFP4 is fastest with 2 (or 4) except on
-# the 128-wide tiles of Nano rows (1 tile there was 2-4 points faster, before per-expert launches
-# tiled Nano experts as their 2048-wide flat view: `tiling`).  With the integer divisions
-# a program's scale prologue (two 64-bit divisions, serial) had to be spread over many tiles: at
-# N=8 x Nano, one tile per program gave FP8 75% / NVFP4 60% with it and 93% / 84% without it.
-# Elements per thread (block / (32 x warps)), one H100, kernel alone, every case of `benchmarks.bench`
-# (80 MB to 5.4 GB; two rounds, best): INT at 16 (1024 x 2 warps) beat 32 (4096 x 4) in all 20
-# cases, by 1.3-4.2 points (N=8 x Nano 91.4 -> 94.0, Super N=4 78.0 -> 82.2, Ultra 97.7 -> 99.6),
-# and by 0.0-0.8 per channel (public call); 2048 x 4 and 4096 x 8 lay between.  The backward at 16
-# (4096 x 8) beat 32 (8192 x 8) in all 20, by 0.9-2.0 (Nano N=8 94.2 -> 95.7, Ultra 98.0 -> 99.2).
-# FP8 and NVFP4 already ran at 16; FP8 at 8 (1024 x 4, 2048 x 8) was faster at Nano N=8 and slower
-# at N=128 x [1024, 2048] (docs/kernels_performance.md section 8).
+# Chosen by sweeps of the kernel alone over the benchmark's cases (docs/kernels_performance.md
+# sections 1, 8 and 9): one tile per program for INT, FP8 and the backward (the scale divisions are
+# IEEE divisions, so no long per-program prologue needs spreading over several tiles), two for
+# NVFP4; 16 elements per thread (block / (32 x warps)) in every kernel.
 FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_INT: KernelConfig(1024, 2, tiles_per_program=1),
     FMT_FP8: KernelConfig(2048, 4, tiles_per_program=1),
@@ -207,8 +196,8 @@ def _launch(jit_fn, plans: dict, fkey: tuple, grid: tuple[int, int], raw: tuple,
 def _hook(hook):
     """A launch hook as the launcher should get it: ``None`` for none, or for an empty hook chain
     (Triton keeps a ``HookChain`` object where no hook is registered; passed as it is, every launch
-    builds a launch-metadata dict and calls the empty chain).  On one H100 host the saving was
-    below the host's run-to-run noise (1,000-call medians 23-74 us either way, N=8)."""
+    builds a launch-metadata dict and calls the empty chain; the host time saved is measured in
+    ``docs/kernels_performance.md`` section 9)."""
     return None if hook is None or getattr(hook, "calls", None) == [] else hook
 
 
