@@ -396,7 +396,10 @@ def build_cases(
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
     if not reference.format_spec(fmt).takes_amax:
-        return mx_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
+        from .int_group_cases import int_group_cases
+
+        block_cases = int_group_cases if reference.format_spec(fmt).is_int else mx_cases
+        return block_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
     if fmt == "nvfp4":
         calibrated.append(nvfp4_te_dequant_case(seed=seed))
