@@ -26,7 +26,8 @@
 * ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
   outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
 * MX and other formats whose scales come from the data (``amax=None``; blocks of ``B`` along
-  in-features, ``B`` the format's tile size), ``mx_cases``:
+  in-features, ``B`` the format's tile size), ``mx_cases`` (the INT ones, ``int4_group``:
+  ``int_group_cases.int_group_cases``, finite groups):
 
   - ``blocks/all_bf16``: all 65,536 bf16 patterns in bit order, ``B`` to a block (blocks of
     denormals, of zeros, of Inf and of NaN included), then ``MX_SHUFFLES`` seeded permutations of them;
