@@ -9,6 +9,7 @@ matched which reference variant:
 * ``te``, ``te-current`` -- Transformer Engine's own quantizers (delayed / current scaling),
   quantize -> dequantize;
 * ``modelopt-mx``     -- Model-Optimizer's ``MXFP8QTensor`` / ``MXFP4QTensor`` quantize -> dequantize on CPU;
+* ``modelopt-int4-block`` -- Model-Optimizer's INT4 block weight quantizer (``int4_per_block``), max-calibrated, on CPU;
 * ``torchao``, ``torchao-ceil``, ``torchao-even``, ``torchao-rceil`` -- torchao's
   ``prototype.mx_formats`` MX quantize -> dequantize, one per ``ScaleCalculationMode`` (``torchao``:
   FLOOR, its default, and its NVFP4), on CPU.
@@ -32,6 +33,7 @@ BACKENDS: dict[str, str] = {
     "te": "moe_fq_parity.harness.sections.external.te_backend:te",
     "te-current": "moe_fq_parity.harness.sections.external.te_backend:te_current",
     "modelopt-mx": "moe_fq_parity.harness.sections.external.modelopt_mx_backend:modelopt_mx",
+    "modelopt-int4-block": "moe_fq_parity.harness.sections.external.modelopt_int4_block:modelopt_int4_block",
     **{n: f"moe_fq_parity.harness.sections.external.torchao_backend:{n.replace('-', '_')}" for n in TORCHAO_BACKENDS},
 }
 """External backend name -> ``module:object``, in report order."""
@@ -42,6 +44,7 @@ INSTALL_HINTS: dict[str, str] = {
     "te": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
     "te-current": "pip install 'moe-fq-parity[te]' on a host with CUDA and cuDNN",
     "modelopt-mx": "pip install 'moe-fq-parity[modelopt]'",
+    "modelopt-int4-block": "pip install 'moe-fq-parity[modelopt]'",
     **{n: "pip install 'moe-fq-parity[torchao]'" for n in TORCHAO_BACKENDS},
 }
 """What makes each external backend available, shown next to its reason when it is not."""
