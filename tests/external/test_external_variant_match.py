@@ -237,6 +237,7 @@ def test_near_tie_flips_within_the_division_bound_pass_only_when_declared():
     assert any("approximate-division flips: modelopt_static" in line for line in summary_lines(m))
     row = variants_row(m, "modelopt_static", "repro", approximate_division=True)
     assert row.verdict == "pass" and f"{n_exact} exact and {n_near} near E2M1 ties" in row.message
+    assert row.fields["matched"] == "up to approximate-division flips: modelopt_static"
     assert variants_row(m, "modelopt_static", "repro").verdict == "fail"
 
     worse = match_variants(ApproxQuotient(8), "nvfp4", cases=cases)

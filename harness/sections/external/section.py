@@ -112,10 +112,12 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
                               for c in m.cases if not (c.error or c.declined)),
         "elements": m.numel, "near_ties": m.near_tie,
     }
+    matched = [", ".join(m.matched)] if m.matched else []
     if m.matched_up_to_ties:
-        fields["matched"] += (" | " if m.matched else "") + "up to exact-tie flips: " + ", ".join(m.matched_up_to_ties)
+        matched.append("up to exact-tie flips: " + ", ".join(m.matched_up_to_ties))
     if m.matched_up_to_division:
-        fields["matched"] += (" | " if m.matched or m.matched_up_to_ties else "") + "up to approximate-division flips: " + ", ".join(m.matched_up_to_division)
+        matched.append("up to approximate-division flips: " + ", ".join(m.matched_up_to_division))
+    fields["matched"] = " | ".join(matched) or "none"
     if m.declined:
         fields["declined"] = " | ".join(m.declined)[:300]
     if m.errors:
