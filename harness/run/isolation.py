@@ -24,17 +24,27 @@ run plus one per crash, and a pipe message per backend call and per check.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from moe_fq_parity.cases import Case
+import torch
 
-from moe_fq_parity.harness.backends import LoadedBackend
+from moe_fq_parity.cases import Case
+from moe_fq_parity.reference import FORMATS
+
+from moe_fq_parity.harness.backends import LoadedBackend, load
+from moe_fq_parity.harness.core.guard import mark_interrupts, watch_calls
+from moe_fq_parity.harness.core.processes import startable_main
 from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.timing import CopyCurve
+
+from .chunks import PHASES, case_chunks, check_chunks, in_check_order
 
 KILL_GRACE_S = 3.0
 """A backend call still running this long after its timeout gets its worker killed (the in-process
@@ -118,10 +128,6 @@ class Supervisor:
     # -- the worker's life ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        import multiprocessing as mp
-
-        from moe_fq_parity.harness.core.processes import startable_main
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context of the parent's
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(theirs, self.specs, self.settings, self.curve), name="parity-worker", daemon=True)
@@ -192,8 +198,6 @@ class Supervisor:
 
     def records(self, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...],
                 phases: dict[str, float]) -> list[CheckRecord]:
-        from .runner import check_chunks, in_check_order
-
         out: list[CheckRecord] = []
         pending = list(group)
         while pending:
@@ -256,13 +260,6 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
     """Load the backends, then run each case the parent sends until it sends ``None`` or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which kills this process
     _die_with_parent()
-    import torch
-
-    from moe_fq_parity.harness.backends import load
-    from moe_fq_parity.harness.core.guard import mark_interrupts, watch_calls
-
-    from .runner import PHASES, case_chunks
-
     mark_interrupts()
     torch.set_num_threads(max(1, settings.threads))
     try:
@@ -270,8 +267,6 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
     except Exception as exc:  # noqa: BLE001 - told to the parent, which records it
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    from moe_fq_parity.reference import FORMATS
-
     watch_calls(lambda started: conn.send(("call", started)))
     conn.send(("ready", sorted(FORMATS)))
     while True:
@@ -303,9 +298,6 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
 def _die_with_parent() -> None:
     """On Linux: this process gets SIGKILL when its parent dies (even by SIGKILL), so a worker stuck in
     a backend call never outlives its run; elsewhere the parent's exit ends it (a daemonic process)."""
-    import ctypes
-    import sys
-
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -316,8 +308,6 @@ def _die_with_parent() -> None:
 def _cuda_lost() -> Optional[str]:
     """Why this process's CUDA context is unusable (a sticky error such as an illegal memory access),
     or ``None`` when it still works."""
-    import torch
-
     try:
         torch.cuda.synchronize()
         torch.empty(1, device="cuda").add_(1)

@@ -144,16 +144,16 @@ def test_backend_out_of_memory_is_its_own_outcome_and_the_next_case_runs(tmp_pat
 
 
 def test_out_of_memory_while_building_a_case_names_it_and_the_run_goes_on(tmp_path, monkeypatch):
-    from moe_fq_parity.harness.run import runner
+    from moe_fq_parity.harness.run import chunks
 
-    real = runner.make_inputs
+    real = chunks.make_inputs
 
     def make_inputs(case, seed, device):
         if case.id == BIG:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated while building)")
         return real(case, seed, device)
 
-    monkeypatch.setattr(runner, "make_inputs", make_inputs)
+    monkeypatch.setattr(chunks, "make_inputs", make_inputs)
     rc, report = _cli(tmp_path, "build", "--backend", "reference", "--case", BIG, "--case", SMALL)
     big = [r for r in report["records"] if r["case_id"] == BIG]
     assert rc == 1 and len(big) == 1 and big[0]["outcome"] == "oom"
