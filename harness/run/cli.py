@@ -143,7 +143,7 @@ def _select_cases(args) -> tuple:
     return select(suite(args.suite), patterns=args.cases, formats=args.formats)
 
 
-def _unwritable(out: Path) -> Optional[str]:
+def unwritable(out: Path) -> Optional[str]:
     """Why ``out`` cannot take the report (checked before any case runs), or ``None``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -208,7 +208,7 @@ def _cmd_run(args) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    if (problem := _unwritable(args.out)) is not None:
+    if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
         return 2
     cfg = RunConfig(
@@ -240,7 +240,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_merge(args) -> int:
-    if (problem := _unwritable(args.out)) is not None:
+    if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the merged report to {args.out}: {problem}", file=sys.stderr)
         return 2
     try:
@@ -296,7 +296,7 @@ def console_main() -> None:
 
 
 def _cmd_selftest(args) -> int:
-    if args.json is not None and (problem := _unwritable(args.json.parent)) is not None:
+    if args.json is not None and (problem := unwritable(args.json.parent)) is not None:
         print(f"error: --json {args.json}: cannot write there: {problem}", file=sys.stderr)
         return 2
     if args.json is not None and args.json.is_dir():
