@@ -6,7 +6,7 @@ time, order its records.  Used alike by the runner in its own process and by an 
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -41,9 +41,26 @@ def check_chunks(checks: Sequence[str]) -> list[tuple[str, ...]]:
     return chunks
 
 
+class HeldCase:
+    """At most one case's tensors kept between two calls of ``case_chunks`` (an isolation worker
+    serving the tests of one case one check at a time: the case is built once, not once per check)."""
+
+    def __init__(self) -> None:
+        self._entry: Optional[tuple[tuple, Any]] = None
+
+    def take(self, key: tuple) -> Any:
+        """The tensors held under ``key`` (then no longer held), else ``None``; anything else held is
+        dropped, before the caller builds another case."""
+        entry, self._entry = self._entry, None
+        return entry[1] if entry is not None and entry[0] == key else None
+
+    def put(self, key: tuple, value: Any) -> None:
+        self._entry = (key, value)
+
+
 def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve],
-                phases: dict[str, float], on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]] = None
-                ) -> Iterator[list[CheckRecord]]:
+                phases: dict[str, float], on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]] = None,
+                held: Optional[HeldCase] = None, keep: bool = False) -> Iterator[list[CheckRecord]]:
     """The records of ``case`` on the backends of one device, one ``check_chunks`` unit of one backend
     at a time (``on_begin(backend, chunk)`` is called before each); the case's tensors are dropped at
     the end.  ``cfg``: anything with ``seed``, ``mode``, ``timeout_s`` and ``nan_bits`` (a ``RunConfig``
@@ -53,8 +70,19 @@ def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], ch
     memory is released first, so the message's "free" is what the next case gets).  ``phases``
     accumulates wall seconds: ``inputs``, ``reference`` (the expected outputs), ``checks`` (all
     checks, guards and comparisons included) and, within those, ``backend_calls``.
+
+    ``held``: the case's tensors are taken from there when it holds them, and (``keep``) put back
+    at the end instead of dropped, for the next call on the same case.
     """
     dev = torch.device(device)
+    key = (case.id, cfg.seed, str(dev))
+    reuse = held.take(key) if held is not None else None
+    if reuse is not None:
+        inputs, expected, base = reuse
+        yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base)
+        if keep:
+            held.put(key, reuse)
+        return
     base = allocated(dev)
     oom_detail = None
     try:
@@ -79,6 +107,15 @@ def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], ch
         yield [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
                                "building the case inputs and reference outputs", oom_detail) for b in group]
         return
+    yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base)
+    if held is not None and keep:
+        held.put(key, (inputs, expected, base))
+
+
+def _checks_of(cfg, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve], phases: dict[str, float],
+               on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]], inputs: Any, expected: Any,
+               base: Optional[int]) -> Iterator[list[CheckRecord]]:
+    """The checks of ``case_chunks`` on built tensors."""
     gbps = curve_gbps(curve) if curve else None
     for b in group:
         ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, gbps, mem_base=base, nan_bits=cfg.nan_bits, copy_curve=curve)

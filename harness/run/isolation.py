@@ -3,7 +3,7 @@
 The parent (the runner) owns the report and the exit code; a worker (``spawn``ed like every harness
 process, ``harness.core.processes.startable_main``) loads the run's backends by spec and runs one
 case at a time on one device: inputs, reference outputs and the checks, exactly as in process
-(``runner.case_chunks``), sending each check's records back as it finishes.  The parent kills and
+(``chunks.case_chunks``), sending each check's records back as it finishes.  The parent kills and
 replaces a worker that
 
 * dies (``os._exit``, a segfault, an abort): the check it was running gets a ``crash`` record saying
@@ -44,7 +44,7 @@ from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.timing import CopyCurve
 
-from .chunks import PHASES, case_chunks, check_chunks, in_check_order
+from .chunks import PHASES, HeldCase, case_chunks, check_chunks, in_check_order
 
 KILL_GRACE_S = 3.0
 """A backend call still running this long after its timeout gets its worker killed (the in-process
@@ -55,7 +55,7 @@ START_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """What a worker needs besides the backends' specs and the cases (``runner.case_chunks``' ``cfg``)."""
+    """What a worker needs besides the backends' specs and the cases (``chunks.case_chunks``' ``cfg``)."""
 
     seed: int
     mode: str
@@ -197,7 +197,8 @@ class Supervisor:
     # -- one case ------------------------------------------------------------------------------------
 
     def records(self, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...],
-                phases: dict[str, float]) -> list[CheckRecord]:
+                phases: dict[str, float], keep_case: bool = False) -> list[CheckRecord]:
+        """``keep_case``: the worker keeps the case's tensors for the next call on the same case."""
         out: list[CheckRecord] = []
         pending = list(group)
         while pending:
@@ -207,7 +208,7 @@ class Supervisor:
                     self._start()
                 if case.fmt not in self.formats:
                     raise NotIsolatable(f"format {case.fmt!r} was registered in this process at run time, a worker process does not know it")
-                self._conn.send((case, device, [b.spec for b in pending], checks))
+                self._conn.send((case, device, [b.spec for b in pending], checks, keep_case))
                 call_deadline: Optional[float] = None
                 while True:
                     doing = "the case's inputs and reference outputs" if current is None else f"check {current[1][0]}"
@@ -268,6 +269,7 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     watch_calls(lambda started: conn.send(("call", started)))
+    held = HeldCase()
     conn.send(("ready", sorted(FORMATS)))
     while True:
         try:
@@ -276,14 +278,14 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
             return
         if job is None:
             return
-        case, device, group_specs, checks = job
+        case, device, group_specs, checks, keep = job
         phases = dict.fromkeys(PHASES, 0.0)
         cuda = torch.device(device).type == "cuda"
 
         def begin(b: LoadedBackend, chunk: tuple[str, ...]) -> None:
             conn.send(("begin", (b.spec, chunk)))
 
-        for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin):
+        for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep):
             lost = _cuda_lost() if cuda else None
             if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
                 recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")

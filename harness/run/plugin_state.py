@@ -50,10 +50,18 @@ class ParitySession:
     """The case of the running test (``plugin_checks.case_tensors``): shared by its consecutive tests."""
     supervisor: Any = None
     """The worker process the parity tests call their backends in (``harness.run.isolation``), once started."""
+    next_case: Any = None
+    """The ``parity_case`` of the test after the running one (``None``: another kind of test, or none)."""
 
     def current_bytes(self) -> int:
         """CUDA bytes held by the cached case tensors (0 when none)."""
         return self.current.device_bytes if self.current is not None else 0
+
+
+def parity_case_of(item: Optional[pytest.Item]) -> Any:
+    """The ``parity_case`` parameter of a test, or ``None``."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("parity_case") if callspec is not None else None
 
 
 SESSION = pytest.StashKey[ParitySession]()

@@ -13,8 +13,9 @@ expected, got, ULP, class) and the one-line ``moe-fq-parity run ...`` command th
 
 Options (group ``parity``; each also from the environment ``PARITY_*``): ``--parity-backend``
 (name or ``pkg.mod:obj``, repeatable), ``--parity-suite``, ``--parity-report DIR``,
-``--parity-seed``, ``--parity-mode``, ``--parity-timeout``, ``--parity-nan-bits``, ``--parity-in-process``.  Markers: ``parity`` (set on every
-parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``, ``parity_backend``,
+``--parity-seed``, ``--parity-mode``, ``--parity-timeout``, ``--parity-nan-bits``,
+``--parity-in-process``.  Markers: ``parity`` (set on every parity test), ``slow``, ``gpu``, ``fuzz``,
+``dist``.  Fixtures: ``parity_case``, ``parity_backend``,
 ``parity_loaded_backend``, ``parity_check``, ``parity_record``, ``parity_settings``.
 
 * Tests that take the ``parity_case`` fixture are parametrized over the catalogue with case ids as
@@ -35,8 +36,9 @@ parity test), ``slow``, ``gpu``, ``fuzz``, ``dist``.  Fixtures: ``parity_case``,
   per GPU).  Each worker caps PyTorch's threads at its share of the CPUs
   (``harness.core.processes.share_cpus``): workers with a thread per CPU each spin against each other.
 * Memory: a case's tensors (inputs and reference outputs) are shared by the consecutive tests of
-  that case and dropped at the teardown of the last one (``nextitem`` is another case), so nothing
-  that outlives the case's tests holds it; each record carries the check's peak CUDA memory.
+  that case and dropped after the last one (``nextitem`` is another case), so nothing that outlives
+  the case's tests holds it: in process at that test's teardown, in the worker at the end of its
+  check.  Each record carries the check's peak CUDA memory.
 * Settings are resolved once (command line > environment ``PARITY_*`` > default) into a frozen
   ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.  Every value is
   checked at session start by the CLI's checks (a bad one is a one-line usage error, exit 4), and so
@@ -71,7 +73,7 @@ import pytest
 from moe_fq_parity.harness.core.triton_env import prepare
 
 from .plugin_options import MARKERS, ParitySettings, add_options, is_parity_test
-from .plugin_state import SESSION, ParitySession, session_of
+from .plugin_state import SESSION, ParitySession, parity_case_of, session_of
 
 # The hooks import the concern modules where they need them: each imports torch, which the plugin's
 # load (every pytest session of any project where this distribution is installed) must not.
@@ -240,9 +242,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]):
-    """Hold a GPU lease around a GPU test's setup, call and teardown (``harness.run.gpu_lease``)."""
+    """Hold a GPU lease around a GPU test's setup, call and teardown (``harness.run.gpu_lease``); note
+    the next test's case (the worker keeps the case's tensors only for a next test of that case)."""
     held = None
     state = session_of(item.config)
+    if state is not None:
+        state.next_case = parity_case_of(nextitem)
     if state is not None and (item.get_closest_marker("gpu") or item.get_closest_marker("slow")):
         from .plugin_gpu import lease  # deferred: as above
 

@@ -69,3 +69,20 @@ def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(tmp_pa
     report = json.loads((proj / "out" / "report.json").read_text())
     by = {r["case_id"]: r for r in report["records"]}
     assert report["complete"] and by[INT4]["outcome"] == "crash" and by[INT8]["verdict"] == "pass", report["records"]
+
+
+def test_worker_and_in_process_parity_tests_give_the_same_records(tmp_path):
+    """The worker (default) and ``--parity-in-process`` judge alike: same records, same verdicts and
+    counts, every check of a case sharing that case's tensors either way."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pytest.ini").write_text("[pytest]\n")
+    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    reports = {}
+    for mode, extra in (("worker", ()), ("in-process", ("--parity-in-process",))):
+        proc = _pytest(proj, "--parity-suite", "smoke", "--parity-backend", "reference", "-k", "int8 and outliers",
+                       "--parity-report", mode, *extra)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads((proj / mode / "report.json").read_text())
+        reports[mode] = sorted((r["key"], r["verdict"], json.dumps(r.get("counts"), sort_keys=True), r["message"]) for r in report["records"])
+    assert reports["worker"] and reports["worker"] == reports["in-process"]
