@@ -12,6 +12,9 @@ Optional extras (``tests/extras.py``): a test that needs an extra which is not i
 * single tests elsewhere carry ``@needs("triton")`` (``tests/extras.py``).
 
 Any other import error stays an error, and with the extra installed nothing is skipped.
+
+GPU tests: a test of this repository marked ``gpu`` is skipped with a reason where there is no CUDA
+device (the harness plugin does that for parity tests only, leaving other projects' markers alone).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.extras import EXTRAS, importable, install_hint
 
@@ -29,7 +33,16 @@ FOLDER_NEEDS = {"tests/kernels": "triton"}
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_]+)")
 
 
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
+    """Skip this repository's tests marked ``gpu`` when there is no CUDA device."""
+    mine = [item for item in items if item.get_closest_marker("gpu") and Path(item.path).resolve().is_relative_to(ROOT)]
+    if mine and not torch.cuda.is_available():
+        for item in mine:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_gpu_tests_without_cuda(items)
     missing = {folder: module for folder, module in FOLDER_NEEDS.items() if not importable(module)}
     if not missing:
         return

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from moe_fq_parity.reference import FORMATS
+from moe_fq_parity.reference.formats import format_spec
 
 from moe_fq_parity.harness.core.triton_env import prepare
 
@@ -49,13 +50,18 @@ def _declared(k: Any, formats: set[str]) -> tuple[dict[str, tuple[str, ...]], di
     probe = getattr(k, "variants", None)
     if not callable(probe):
         return {}, {}
-    from moe_fq_parity.kernels.formats import OPTION_VALUES
-    from moe_fq_parity.reference.formats import format_spec
+    from moe_fq_parity.kernels.formats import OPTION_VALUES  # deferred: kernels needs the triton extra
 
     variants = {f: tuple(probe(f)) for f in sorted(formats)}
     options = {f: {o.name: OPTION_VALUES.get(o.name)
                    for v in variants[f] for o in format_spec(f).options_for(v) if o.code is not None} for f in variants}
     return variants, options
+
+
+def _global_amax_only(fmt: str) -> bool:
+    """Whether ``fmt`` scales in two levels (a global scale from amax, then per-block scales): its
+    amax is per tensor or per expert, never per channel (the kernel's amax view checks that)."""
+    return format_spec(fmt).global_scale_numerator is not None
 
 
 class TritonBackend:
@@ -86,7 +92,7 @@ class TritonBackend:
     def format_available(self, fmt: str) -> tuple[bool, str]:
         """Whether the kernel implements ``fmt``, and why not."""
         if fmt not in self.formats:
-            from moe_fq_parity.kernels.formats import decline_reason
+            from moe_fq_parity.kernels.formats import decline_reason  # deferred: kernels needs the triton extra
 
             return False, f"the Triton kernel does not implement {fmt} ({decline_reason(fmt)}); it implements {sorted(self.formats)} (kernels.FORMATS)"
         return True, ""
@@ -118,13 +124,14 @@ class TritonBackend:
         one-tensor entry point on this ``[N, out, in]`` tensor instead of the expert list."""
         self._check_variant(fmt, variant)
         k = self._kernels
-        from moe_fq_parity.kernels import api, launch, tables
-        from moe_fq_parity.kernels.amax import amax_for_stacked
+        from moe_fq_parity.kernels import api, launch, tables  # deferred: kernels needs the triton extra
+        from moe_fq_parity.kernels.amax import amax_for_stacked  # deferred: as above
 
         spec = api.cached_spec(fmt, variant, options)
+        global_only = _global_amax_only(fmt)
         if stacked is not None:
             out = torch.empty_like(stacked)
-            view = amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=fmt == "nvfp4")
+            view = amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=global_only)
             return {
                 "default": lambda: k.fake_quant(stacked, amax, fmt, variant, **options),
                 "unchecked": lambda: k.fake_quant(stacked, amax, fmt, variant, check_values=False, **options),
@@ -132,7 +139,7 @@ class TritonBackend:
             }
         ws = list(weights)
         table = tables.table_for(ws, validate=lambda: None)
-        view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=fmt == "nvfp4")
+        view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=global_only)
         flat, _ = tables.alloc_outputs(table, ws[0].dtype, table.device)
         return {
             "default": lambda: k.fake_quant_experts(ws, amax, fmt, variant, **options),

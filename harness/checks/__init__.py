@@ -16,6 +16,7 @@ from moe_fq_parity.harness.core.memory import (
 )
 from moe_fq_parity.harness.core.guard import InputsModified
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
+from moe_fq_parity.harness.core.repro import repro_command
 
 from .backward import check_backward
 from .common import CheckContext, inputs_unchanged, record
@@ -31,8 +32,6 @@ def case_oom_record(case, backend_spec: str, check: str, seed: int, mode: str, c
                     peak_bytes: Optional[int] = None) -> CheckRecord:
     """The ``oom`` record of ``check`` on ``case`` (call after the memory was released: the message
     states the memory free then)."""
-    from moe_fq_parity.harness.core.repro import repro_command
-
     return CheckRecord(case_id=case.id, backend=backend_spec, check=check, verdict="fail", fmt=case.fmt, n=case.n, numel=case.numel,
                        mode=mode, message=oom_message(case.id, case_bytes, device, where, detail),
                        repro=repro_command(case.id, backend_spec, check, seed, mode), outcome="oom", peak_bytes=peak_bytes,

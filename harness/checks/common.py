@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from moe_fq_parity.cases import CaseInputs, make_inputs
+from moe_fq_parity.reference import default_variant
 from moe_fq_parity.harness.backends import LoadedBackend
 from moe_fq_parity.harness.core.guard import Call, InputsModified, fingerprint, guarded, output_problems
 from moe_fq_parity.harness.core.memory import CheckOutOfMemory, forget, is_oom
@@ -17,6 +18,8 @@ from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, MAX_OFFENDERS,
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.timing import CopyCurve
 from moe_fq_parity.harness.core.ulp import CLASSES, HIST_EDGES, Comparison
+
+from .plan import declares
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,6 @@ class CheckContext:
 
 def call_options(case) -> dict[str, Any]:
     """Backend keyword options of ``case``: its options, plus ``variant`` when it is not the default."""
-    from moe_fq_parity.reference import default_variant
-
     opts = dict(case.option_dict)
     if case.variant != default_variant(case.fmt):
         opts["variant"] = case.variant
@@ -146,8 +147,6 @@ def not_run_reason(ctx: CheckContext, call: Call) -> Optional[str]:
     lose its coverage (``problems_of`` says so).  Likewise a variant and options it declares
     (``variants``/``options``, ``harness.checks.plan.declares``): declining those fails.
     """
-    from .plan import declares
-
     opts = call_options(ctx.case)
     if opts and isinstance(call.error, (NotImplementedError, TypeError, ValueError)) and not declares(ctx.backend, ctx.case):
         return f"backend refused options {opts}: {call.message}"

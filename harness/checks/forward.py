@@ -17,8 +17,9 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.reference import FakeQuantResult, split_expert_amax
 
+from moe_fq_parity.harness.core.bits import bits_equal
 from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, compare_each
-from moe_fq_parity.harness.core.ulp import Comparison, bits_equal, compare
+from moe_fq_parity.harness.core.ulp import Comparison, compare
 
 from .common import (
     MAX_OFFENDERS, CheckContext, call_backend, call_options, expert_offenders, mismatch_message, not_run_reason, problems_of,

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from moe_fq_parity.harness.core.records import Perf
+from moe_fq_parity.harness.core.timing import copy_us_at, time_call
 
 from .common import CheckContext, call_backend, call_options, record
 
@@ -50,8 +51,6 @@ def check_perf(ctx: CheckContext, forward_verdict: str, loop_us: Optional[float]
     case, inputs, be = ctx.case, ctx.inputs, ctx.backend.obj
     opts = call_options(case)
     device = torch.device(ctx.backend.device or "cpu")
-    from moe_fq_parity.harness.core.timing import time_call
-
     # A stacked case is timed through the backend's stacked entry point when it has one (the
     # production call for a grouped [N, out, in] weight); otherwise through the list contract.
     stacked = getattr(be, "fake_quant_stacked", None)
@@ -84,8 +83,6 @@ def check_perf(ctx: CheckContext, forward_verdict: str, loop_us: Optional[float]
     pct = 100.0 * gbps / ctx.copy_gbps if ctx.copy_gbps else None
     pct_of = lambda us: 100.0 * inputs.nbytes / (us * 1e-6) / 1e9 / ctx.copy_gbps if ctx.copy_gbps and us else None  # noqa: E731
     if ctx.copy_curve and t_us > 0:
-        from moe_fq_parity.harness.core.timing import copy_us_at
-
         same = copy_us_at(ctx.copy_curve, inputs.nbytes)
         extra.update(copy_same_us=same, pct_of_same_copy=100.0 * same / t_us)
     if "host_us" in extra:
@@ -119,8 +116,6 @@ def host_us(fn, device: torch.device, reps: int) -> float:
 def _time_entries(entries: dict, device: torch.device, reps: int, detail: bool):
     """Samples of the public default call, plus the other quantities (medians, us); the kernel alone
     and the unchecked call only with ``detail`` (else ``None``)."""
-    from moe_fq_parity.harness.core.timing import time_call
-
     default = time_call(entries["default"], device, reps=reps)
     side = max(1, reps // 2)
     med = lambda name: statistics.median(time_call(entries[name], device, reps=side, warmup=1)[0]) if detail else None  # noqa: E731

@@ -38,56 +38,17 @@ so a NaN-payload difference shows as ``nan (0x7FFF)`` vs ``nan (0x7FC0)``, never
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from .bits import BIT_VIEWS, bits_equal, check_nan_bits, is_nan, nan_bits_differ
 from .records import Offender
-
-if TYPE_CHECKING:
-    from .ulp import Comparison
-
-NAN_BITS_MODES = ("any", "strict")
-"""``any``: NaN payload and sign are not compared (default).  ``strict``: they are, as class ``nan_bits``."""
-DEFAULT_NAN_BITS = "any"
+from .tolerances import DEFAULT_NAN_BITS, NAN_BITS_MODES  # noqa: F401 - the policy's names, re-exported
+from .ulp import CLASSES, Comparison, compare, ulp_distance
 
 MAX_OFFENDERS = 10
 """How many offenders any comparison keeps (the first ones); every mismatch is counted regardless."""
-
-_BITS = {torch.float32: (torch.int32, 8, 0xFFFFFFFF), torch.bfloat16: (torch.int16, 4, 0xFFFF), torch.float16: (torch.int16, 4, 0xFFFF)}
-
-
-def check_nan_bits(nan_bits: str) -> str:
-    """``nan_bits`` if it is one of ``NAN_BITS_MODES``, else ``ValueError`` naming the choices."""
-    if nan_bits not in NAN_BITS_MODES:
-        raise ValueError(f"nan_bits must be one of {NAN_BITS_MODES}, got {nan_bits!r}")
-    return nan_bits
-
-
-def _raw_bits(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in _BITS:
-        return t.contiguous().view(_BITS[t.dtype][0])
-    if t.dtype == torch.float64:
-        return t.contiguous().view(torch.int64)
-    return t.contiguous()
-
-
-def _nan(t: torch.Tensor) -> torch.Tensor:
-    return torch.isnan(t) if t.is_floating_point() else torch.zeros(t.shape, dtype=torch.bool, device=t.device)
-
-
-def raw_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise equality of the raw bit patterns (``+0 != -0``; NaN only equal to the same NaN bits)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        raise ValueError(f"cannot compare {a.dtype}{tuple(a.shape)} with {b.dtype}{tuple(b.shape)}")
-    return _raw_bits(a) == _raw_bits(b.to(a.device))
-
-
-def nan_bits_differ(expected: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
-    """Where both are NaN but their bits (payload or sign) differ."""
-    g = got.to(expected.device)
-    return _nan(expected) & _nan(g) & ~raw_bits_equal(expected, g)
-
 
 def same_bits(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_NAN_BITS) -> torch.Tensor:
     """The policy's elementwise equality: same bit pattern, or both NaN (under ``nan_bits="any"``).
@@ -96,17 +57,17 @@ def same_bits(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT
     """
     check_nan_bits(nan_bits)
     g = got.to(expected.device)
-    eq = raw_bits_equal(expected, g)
+    eq = bits_equal(expected, g)
     if nan_bits == "any":
-        eq = eq | (_nan(expected) & _nan(g))
+        eq = eq | (is_nan(expected) & is_nan(g))
     return eq
 
 
 def bits_hex(v: torch.Tensor) -> str:
     """Bit pattern of a one-element float tensor as hex (``0x7FC0``); ``""`` for other dtypes."""
-    if v.dtype not in _BITS:
+    if v.dtype not in BIT_VIEWS:
         return ""
-    int_dtype, width, mask = _BITS[v.dtype]
+    int_dtype, width, mask = BIT_VIEWS[v.dtype]
     return f"0x{int(v.reshape(1).view(int_dtype).item()) & mask:0{width}X}"
 
 
@@ -114,9 +75,9 @@ def bits_hex_all(t: torch.Tensor) -> list[str]:
     """Bit patterns of every element of a bf16/fp16/fp32 tensor as hex (``bits_hex``, vectorised);
     ``TypeError`` for other dtypes."""
     flat = t.detach().reshape(-1).cpu()
-    if flat.dtype not in _BITS:
+    if flat.dtype not in BIT_VIEWS:
         raise TypeError(f"no bit view for {flat.dtype}")
-    int_dtype, width, mask = _BITS[flat.dtype]
+    int_dtype, width, mask = BIT_VIEWS[flat.dtype]
     return [f"0x{int(v) & mask:0{width}X}" for v in flat.view(int_dtype).tolist()]
 
 
@@ -169,8 +130,6 @@ def bitwise(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_N
     which (only under ``nan_bits="strict"``) is ``nan_bits``.  ``mismatch_ulp`` holds the ULP distance
     of finite pairs (0 elsewhere), for the offender table.
     """
-    from .ulp import CLASSES, compare, ulp_distance
-
     check_nan_bits(nan_bits)
     g = got.detach().to(expected.device)
     e = expected.detach()
@@ -189,7 +148,7 @@ def bitwise(expected: torch.Tensor, got: torch.Tensor, nan_bits: str = DEFAULT_N
 
 
 def compare_each(count: int, expected: Callable[[int], torch.Tensor], got: Sequence[torch.Tensor],
-                 full: Callable[[int], "Comparison"]) -> list["Comparison"]:
+                 full: Callable[[int], Comparison]) -> list[Comparison]:
     """``full(k)`` for every pair ``k < count`` whose bits differ; ``Comparison.identical`` for the others.
 
     A first pass counts, per pair, the elements whose raw bits differ and the finite elements, on
@@ -198,16 +157,14 @@ def compare_each(count: int, expected: Callable[[int], torch.Tensor], got: Seque
     to the host.  So a check whose experts all match costs one synchronisation instead of ~20 per
     expert; ``full`` (which recomputes what it needs) runs only for the experts that differ.
     """
-    from .ulp import Comparison
-
     stats: list[Optional[torch.Tensor]] = []
     numel: list[int] = []
     for k in range(count):
         e = expected(k).detach()
         g = got[k].detach()
         numel.append(e.numel())
-        if e.dtype in _BITS and g.dtype == e.dtype and g.shape == e.shape and g.device == e.device:
-            stats.append(torch.stack([(~raw_bits_equal(e, g)).sum(), torch.isfinite(e).sum()]))
+        if e.dtype in BIT_VIEWS and g.dtype == e.dtype and g.shape == e.shape and g.device == e.device:
+            stats.append(torch.stack([(~bits_equal(e, g)).sum(), torch.isfinite(e).sum()]))
         else:
             stats.append(None)  # not comparable this way (the full comparison says why)
         del e
@@ -285,6 +242,6 @@ def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, l
         if bad.numel():
             n_nan += int(nan_bits_differ(e.reshape(-1)[bad], g.reshape(-1)[bad]).sum())
         for i in bad[: max(limit - len(offenders), 0)].tolist():
-            both_nan = bool(_nan(e.reshape(-1)[i]).item() and _nan(g.reshape(-1)[i]).item())
+            both_nan = bool(is_nan(e.reshape(-1)[i]).item() and is_nan(g.reshape(-1)[i]).item())
             offenders.append(offender(k, i, e, g, "nan_bits" if both_nan else "error"))
     return BitDiff(numel, mismatches, n_nan, tuple(offenders), tuple(problems), label)

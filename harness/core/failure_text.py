@@ -34,6 +34,8 @@ def failure_lines(rec: CheckRecord) -> list[str]:
     the command that reruns exactly this case and check."""
     if rec.outcome == "oom":
         lines = [f"{rec.check} ran out of memory for {rec.case_id} on {rec.backend}: {rec.message}"]
+    elif rec.outcome in ("crash", "timeout"):  # the backend's process ended: say so first, the message says how
+        lines = [f"{rec.check} failed ({rec.outcome}) for {rec.case_id} on {rec.backend}: {rec.message}"]
     else:
         lines = [f"{rec.check} failed for {rec.case_id} on {rec.backend}: {rec.message}"]
     if rec.offenders:

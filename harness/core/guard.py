@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from .equality import _raw_bits
+from .bits import raw_bits
 
 
 class Terminated(KeyboardInterrupt):
@@ -164,7 +164,7 @@ def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
             heads.append(None)
             continue
         heads.append((tuple(t.shape), t.dtype, t.device))
-        flat = _raw_bits(t.detach()).reshape(-1)
+        flat = raw_bits(t.detach()).reshape(-1)
         if flat.numel() > _SMALL:
             sums[i] = _large_sum(flat)
             continue

@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from moe_fq_parity.cases.distributions import TORCH_DTYPES
+
 BUDGET_FACTOR = 3
 """Peak memory of one check <= BUDGET_FACTOR x the case's input + output bytes."""
 
@@ -46,8 +48,6 @@ class CheckOutOfMemory(Exception):
 
 def case_bytes(case) -> int:
     """Input + output bytes of one fake quant of ``case`` (as ``CaseInputs.nbytes``, from the case alone)."""
-    from moe_fq_parity.cases.distributions import TORCH_DTYPES
-
     return 2 * case.numel * TORCH_DTYPES[case.dtype].itemsize
 
 

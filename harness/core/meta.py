@@ -10,6 +10,9 @@ from typing import Any, Optional
 
 import torch
 
+from .processes import share_count, usable_cpus
+from .triton_env import prepare
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -22,8 +25,6 @@ def _git(*args: str) -> Optional[str]:
 
 
 def triton_version() -> Optional[str]:
-    from .triton_env import prepare
-
     prepare()
     try:
         import triton
@@ -57,6 +58,4 @@ def cpu_meta() -> dict[str, int]:
     """The host CPUs this process may use, how many harness processes share them
     (``processes.share_cpus``) and this process's PyTorch intra-op threads: host-side timings
     depend on all three."""
-    from .processes import share_count, usable_cpus
-
     return {"usable": usable_cpus(), "share": share_count(), "torch_threads": torch.get_num_threads()}

@@ -9,6 +9,11 @@ still counted and reported separately, never absorbed by this tolerance."""
 
 MAX_ULP: dict[str, int] = {"strict": 0, "1-ulp": 1}
 
+NAN_BITS_MODES = ("any", "strict")
+"""NaN policy of every comparison (``harness.core.equality``): ``any``: NaN payload and sign are not
+compared (default).  ``strict``: they are, as class ``nan_bits``."""
+DEFAULT_NAN_BITS = "any"
+
 TIE_WINDOW_FP32_ULPS = 4
 """A mismatch is a *tie flip* when the reference's pre-rounding value lies within this many
 fp32 ulps of a rounding boundary of the format's grid (docs/measured.md §2: a one-ulp scale difference

@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .bits import check_nan_bits, nan_bits_differ
 from .tolerances import MAX_ULP, TIE_WINDOW_FP32_ULPS
 
 from moe_fq_parity.reports.schema import HIST_EDGES
@@ -144,8 +145,6 @@ def compare(
     ``"any"`` counts every NaN/NaN pair exact, ``"strict"`` counts a pair with different bits as
     ``nan_bits``.
     """
-    from .equality import check_nan_bits, nan_bits_differ
-
     check_nan_bits(nan_bits)
     e = expected.detach().reshape(-1)
     g = got.detach().reshape(-1).to(e.device)
@@ -206,13 +205,3 @@ def compare(
         mismatch_ulp=d.cpu(),
     )
 
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise raw bit-pattern equality (``+0 != -0``; NaN equal only to the same NaN bits).
-
-    For deciding parity use ``harness.core.equality.same_bits`` (the policy); raw bits are for
-    determinism and identity questions (the reference against itself).
-    """
-    from .equality import raw_bits_equal
-
-    return raw_bits_equal(a, b)

@@ -18,12 +18,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS, NAN_BITS_MODES
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, SLOWDOWN_THRESHOLD, VERDICT_MODES
+import torch
+
+from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES, marks, parse_case, select, suite
+from moe_fq_parity.reference.formats import FORMATS, describe
+from moe_fq_parity.reports.merge import MergeError, merge_reports
+from moe_fq_parity.reports.schema import dumps, load, overall_verdict, validate
+from moe_fq_parity.reports.writer import write_report
+
+from moe_fq_parity.harness.backends import BUILTINS, NAMES, BackendLoadError, load_all
+from moe_fq_parity.harness.checks import DEFAULT_CHECKS
+from moe_fq_parity.harness.core.processes import sharing_cpus
+from moe_fq_parity.harness.core.records import CHECKS
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, SLOWDOWN_THRESHOLD, VERDICT_MODES
+from moe_fq_parity.harness.core.triton_env import prepare
+from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
+from moe_fq_parity.harness.sections.selftest.runner import run_selftest
+
+from .diff import diff_reports, format_diff
+from .runner import OutDirBusy, RunConfig, out_lock, run, validate_config
+from .shard import parse_shard, select_shard
 
 
 def _csv(text: str) -> list[str]:
@@ -50,11 +70,6 @@ _fraction = _finite_nonnegative("a finite fraction", "0.1 = 10%")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from moe_fq_parity.cases import DEFAULT_SEED, SUITE_NAMES
-    from moe_fq_parity.reference import FORMATS
-    from moe_fq_parity.harness.backends import NAMES
-    from moe_fq_parity.harness.core.records import CHECKS
-
     p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a suite and write report.json + report.html")
@@ -119,8 +134,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _select_cases(args) -> tuple:
-    from moe_fq_parity.cases import parse_case, select, suite
-
     if args.case:
         try:
             picked = tuple(parse_case(cid) for cid in args.case)
@@ -130,10 +143,8 @@ def _select_cases(args) -> tuple:
     return select(suite(args.suite), patterns=args.cases, formats=args.formats)
 
 
-def _unwritable(out: Path) -> Optional[str]:
+def unwritable(out: Path) -> Optional[str]:
     """Why ``out`` cannot take the report (checked before any case runs), or ``None``."""
-    import tempfile
-
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-probe-"):
@@ -144,14 +155,6 @@ def _unwritable(out: Path) -> Optional[str]:
 
 
 def _cmd_run(args) -> int:
-    import torch
-
-    from moe_fq_parity.reports.schema import load
-
-    from moe_fq_parity.harness.backends import BackendLoadError, load_all
-    from moe_fq_parity.harness.checks import DEFAULT_CHECKS
-    from .runner import RunConfig, run, validate_config
-
     sections = () if args.no_sections else (tuple(args.sections) if args.sections is not None else None)
     if args.case:
         if sections:
@@ -173,8 +176,6 @@ def _cmd_run(args) -> int:
     except BackendLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from .shard import parse_shard, select_shard
-
     try:
         shard = parse_shard(args.shard) if args.shard is not None else None
     except ValueError as exc:
@@ -207,7 +208,7 @@ def _cmd_run(args) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    if (problem := _unwritable(args.out)) is not None:
+    if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
         return 2
     cfg = RunConfig(
@@ -219,8 +220,6 @@ def _cmd_run(args) -> int:
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
         nan_bits=args.nan_bits, isolate=not args.in_process,
     )
-    from moe_fq_parity.harness.core.processes import sharing_cpus
-
     try:
         with sharing_cpus(share):
             return run(cfg)
@@ -230,10 +229,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from moe_fq_parity.reports.schema import load
-
-    from .diff import diff_reports, format_diff
-
     try:
         old, new = load(args.old), load(args.new)
     except ValueError as exc:
@@ -245,12 +240,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_merge(args) -> int:
-    from moe_fq_parity.reports.schema import overall_verdict
-    from moe_fq_parity.reports.merge import MergeError, merge_reports
-    from moe_fq_parity.reports.schema import load, validate
-    from moe_fq_parity.reports.writer import write_report
-
-    if (problem := _unwritable(args.out)) is not None:
+    if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the merged report to {args.out}: {problem}", file=sys.stderr)
         return 2
     try:
@@ -259,8 +249,6 @@ def _cmd_merge(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     validate(merged)
-    from .runner import OutDirBusy, out_lock
-
     try:
         with out_lock(args.out):  # the run lock of --out: never two writers of one report
             json_path, html_path = write_report(args.out, merged)
@@ -274,11 +262,6 @@ def _cmd_merge(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from moe_fq_parity.cases import SUITE_NAMES, marks, select, suite
-
-    from moe_fq_parity.harness.backends import BUILTINS, NAMES, load_all
-    from moe_fq_parity.reference.formats import FORMATS, describe
-
     print("formats: --formats NAME,... (variants: the default first)")
     for fmt in FORMATS:
         print(f"  {describe(fmt)}")
@@ -298,15 +281,11 @@ def _cmd_list(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from moe_fq_parity.harness.core.triton_env import prepare
-
     prepare()
     args = _parser().parse_args(argv)
     try:
         return {"run": _cmd_run, "compare": _cmd_compare, "list": _cmd_list, "selftest": _cmd_selftest, "merge": _cmd_merge}[args.command](args)
     except BrokenPipeError:  # e.g. `moe-fq-parity list | head`: the reader left; no traceback, and never a pass
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
@@ -317,12 +296,7 @@ def console_main() -> None:
 
 
 def _cmd_selftest(args) -> int:
-    from moe_fq_parity.reports.schema import dumps
-
-    from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
-    from moe_fq_parity.harness.sections.selftest.runner import run_selftest
-
-    if args.json is not None and (problem := _unwritable(args.json.parent)) is not None:
+    if args.json is not None and (problem := unwritable(args.json.parent)) is not None:
         print(f"error: --json {args.json}: cannot write there: {problem}", file=sys.stderr)
         return 2
     if args.json is not None and args.json.is_dir():

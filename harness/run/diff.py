@@ -28,7 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_fq_parity.cases import Case
+
 from moe_fq_parity.harness.core.tolerances import SLOWDOWN_THRESHOLD
+
+from .shard import Shard, select_shard
 
 
 MAX_LISTED = 50
@@ -92,10 +96,6 @@ def _section_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def planned_cases(shard: dict[str, Any]) -> set[str]:
     """Case ids a shard was assigned (from its ``meta.shard``: the selection and its index/count)."""
-    from moe_fq_parity.cases import Case
-
-    from .shard import Shard, select_shard
-
     selection = [Case.from_id(cid) for cid in shard["selection"]]
     return {c.id for c in select_shard(selection, Shard(shard["index"], shard["count"]))}
 

@@ -27,6 +27,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from moe_fq_parity.harness.core.memory import tidy
+
 LOCK_DIR_ENV = "PARITY_GPU_LOCK_DIR"
 POLL_S = 0.05
 """How often a worker waiting for a GPU polls the locks, seconds."""
@@ -60,8 +62,6 @@ class Lease:
         still hold on purpose; ``None``: collect and empty the cache), then unlock (idempotent)."""
         if not self._fds:
             return
-        from moe_fq_parity.harness.core.memory import tidy
-
         # a failed test's traceback (kept by pytest for post-mortem debugging) would keep its frames' tensors
         for name in ("last_exc", "last_type", "last_value", "last_traceback"):
             if hasattr(sys, name):

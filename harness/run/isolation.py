@@ -3,7 +3,7 @@
 The parent (the runner) owns the report and the exit code; a worker (``spawn``ed like every harness
 process, ``harness.core.processes.startable_main``) loads the run's backends by spec and runs one
 case at a time on one device: inputs, reference outputs and the checks, exactly as in process
-(``runner.case_chunks``), sending each check's records back as it finishes.  The parent kills and
+(``chunks.case_chunks``), sending each check's records back as it finishes.  The parent kills and
 replaces a worker that
 
 * dies (``os._exit``, a segfault, an abort): the check it was running gets a ``crash`` record saying
@@ -24,17 +24,27 @@ run plus one per crash, and a pipe message per backend call and per check.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from moe_fq_parity.cases import Case
+import torch
 
-from moe_fq_parity.harness.backends import LoadedBackend
+from moe_fq_parity.cases import Case
+from moe_fq_parity.reference import FORMATS
+
+from moe_fq_parity.harness.backends import LoadedBackend, load
+from moe_fq_parity.harness.core.guard import mark_interrupts, watch_calls
+from moe_fq_parity.harness.core.processes import startable_main
 from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.timing import CopyCurve
+
+from .chunks import PHASES, HeldCase, case_chunks, check_chunks, in_check_order
 
 KILL_GRACE_S = 3.0
 """A backend call still running this long after its timeout gets its worker killed (the in-process
@@ -45,7 +55,7 @@ START_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """What a worker needs besides the backends' specs and the cases (``runner.case_chunks``' ``cfg``)."""
+    """What a worker needs besides the backends' specs and the cases (``chunks.case_chunks``' ``cfg``)."""
 
     seed: int
     mode: str
@@ -118,10 +128,6 @@ class Supervisor:
     # -- the worker's life ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        import multiprocessing as mp
-
-        from moe_fq_parity.harness.core.processes import startable_main
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context of the parent's
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=_worker_main, args=(theirs, self.specs, self.settings, self.curve), name="parity-worker", daemon=True)
@@ -191,9 +197,8 @@ class Supervisor:
     # -- one case ------------------------------------------------------------------------------------
 
     def records(self, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...],
-                phases: dict[str, float]) -> list[CheckRecord]:
-        from .runner import check_chunks, in_check_order
-
+                phases: dict[str, float], keep_case: bool = False) -> list[CheckRecord]:
+        """``keep_case``: the worker keeps the case's tensors for the next call on the same case."""
         out: list[CheckRecord] = []
         pending = list(group)
         while pending:
@@ -203,7 +208,7 @@ class Supervisor:
                     self._start()
                 if case.fmt not in self.formats:
                     raise NotIsolatable(f"format {case.fmt!r} was registered in this process at run time, a worker process does not know it")
-                self._conn.send((case, device, [b.spec for b in pending], checks))
+                self._conn.send((case, device, [b.spec for b in pending], checks, keep_case))
                 call_deadline: Optional[float] = None
                 while True:
                     doing = "the case's inputs and reference outputs" if current is None else f"check {current[1][0]}"
@@ -256,13 +261,6 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
     """Load the backends, then run each case the parent sends until it sends ``None`` or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which kills this process
     _die_with_parent()
-    import torch
-
-    from moe_fq_parity.harness.backends import load
-    from moe_fq_parity.harness.core.guard import mark_interrupts, watch_calls
-
-    from .runner import PHASES, case_chunks
-
     mark_interrupts()
     torch.set_num_threads(max(1, settings.threads))
     try:
@@ -270,9 +268,8 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
     except Exception as exc:  # noqa: BLE001 - told to the parent, which records it
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    from moe_fq_parity.reference import FORMATS
-
     watch_calls(lambda started: conn.send(("call", started)))
+    held = HeldCase()
     conn.send(("ready", sorted(FORMATS)))
     while True:
         try:
@@ -281,14 +278,14 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
             return
         if job is None:
             return
-        case, device, group_specs, checks = job
+        case, device, group_specs, checks, keep = job
         phases = dict.fromkeys(PHASES, 0.0)
         cuda = torch.device(device).type == "cuda"
 
         def begin(b: LoadedBackend, chunk: tuple[str, ...]) -> None:
             conn.send(("begin", (b.spec, chunk)))
 
-        for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin):
+        for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep):
             lost = _cuda_lost() if cuda else None
             if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
                 recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")
@@ -303,9 +300,6 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
 def _die_with_parent() -> None:
     """On Linux: this process gets SIGKILL when its parent dies (even by SIGKILL), so a worker stuck in
     a backend call never outlives its run; elsewhere the parent's exit ends it (a daemonic process)."""
-    import ctypes
-    import sys
-
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -316,8 +310,6 @@ def _die_with_parent() -> None:
 def _cuda_lost() -> Optional[str]:
     """Why this process's CUDA context is unusable (a sticky error such as an illegal memory access),
     or ``None`` when it still works."""
-    import torch
-
     try:
         torch.cuda.synchronize()
         torch.empty(1, device="cuda").add_(1)

@@ -17,7 +17,7 @@ import pytest
 
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS
 
-from .pytest_plugin import assert_record
+from .plugin_records import assert_record
 
 PARITY_CHECKS = DEFAULT_CHECKS
 """The checks of the ready test: exactly those of ``moe-fq-parity run`` (``perf`` is timing, not parity)."""

@@ -9,28 +9,30 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
-from moe_fq_parity.cases import Case, make_inputs
+from moe_fq_parity.cases import Case
+from moe_fq_parity.reports import html  # noqa: F401 - see ``run``: imported before SIGTERM can raise
 from moe_fq_parity.reports.schema import overall_verdict
 from moe_fq_parity.reports.writer import ReportWriter, now_iso
 
+from moe_fq_parity.harness import sections as report_sections
 from moe_fq_parity.harness.backends import LoadedBackend
-from moe_fq_parity.harness.checks import CheckContext, case_oom_record, expected_forward, run_case_checks
 from moe_fq_parity.harness.checks.plan import NotApplicable, applicable, summary_line
-from .diff import diff_reports, format_diff
-from .shard import Shard, sections_of_shard, shard_meta
-from moe_fq_parity.harness.core.memory import OOM_ERRORS, allocated, case_bytes, forget, release
+from moe_fq_parity.harness.core.failure_text import failures_summary
+from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
-from moe_fq_parity.harness.core.failure_text import failures_summary
-from moe_fq_parity.harness.core.equality import DEFAULT_NAN_BITS
-from moe_fq_parity.harness.core.guard import Terminated, run_signals
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
-from moe_fq_parity.harness import sections as report_sections
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, VERDICT_MODES
+
+from .chunks import PHASES, case_chunks, check_chunks, in_check_order  # noqa: F401 - PHASES, check_chunks: part of the runner's API
+from .diff import diff_reports, format_diff
+from .isolation import NotIsolatable, WorkerSettings, done_with, isolatable, supervisor as get_supervisor
+from .shard import Shard, sections_of_shard, shard_meta
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 EXIT_USAGE = 2
@@ -90,10 +92,6 @@ in every check)."""
 def validate_config(checks: Sequence[str], sections: Optional[Sequence[str]], timeout_s: Optional[float], nan_bits: str, mode: str) -> None:
     """``ValueError`` naming the argument and the accepted values for anything a run would reject
     later; called before anything is written, so a typo never touches an earlier report."""
-    from moe_fq_parity.harness.checks import CHECKS
-    from moe_fq_parity.harness.core.equality import NAN_BITS_MODES
-    from moe_fq_parity.harness.core.tolerances import VERDICT_MODES
-
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"--checks: unknown checks {unknown}; known: {', '.join(CHECKS)}")
@@ -159,95 +157,13 @@ def _run_device(backends: Sequence[LoadedBackend]) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _input_failure(case: Case, backend: LoadedBackend, seed: int, exc: BaseException) -> CheckRecord:
-    from moe_fq_parity.harness.core.repro import repro_command
-
-    return CheckRecord(case_id=case.id, backend=backend.spec, check="forward", verdict="fail", fmt=case.fmt, n=case.n,
-                       numel=case.numel, message=f"building the case inputs raised {type(exc).__name__}: {exc}",
-                       repro=repro_command(case.id, backend.spec, "forward", seed))
-
-
-def check_chunks(checks: Sequence[str]) -> list[tuple[str, ...]]:
-    """``checks`` in the units ``case_chunks`` runs them in: one check each, ``perf`` with ``forward``
-    (it times only a passing forward call, so it needs that verdict)."""
-    chunks: list[tuple[str, ...]] = []
-    for c in CHECKS:
-        if c not in checks or (c == "perf" and "forward" in checks):
-            continue
-        chunks.append(("forward", "perf") if c == "forward" and "perf" in checks else (c,))
-    return chunks
-
-
-def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve],
-                phases: dict[str, float], on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]] = None
-                ) -> Iterator[list[CheckRecord]]:
-    """The records of ``case`` on the backends of one device, one ``check_chunks`` unit of one backend
-    at a time (``on_begin(backend, chunk)`` is called before each); the case's tensors are dropped at
-    the end.  ``cfg``: anything with ``seed``, ``mode``, ``timeout_s`` and ``nan_bits`` (a ``RunConfig``
-    or an isolation worker's settings).  ``curve``: the run's copy timings (``None``: perf is off).
-
-    Out of memory while building the inputs or the reference outputs gives ``oom`` records (the
-    memory is released first, so the message's "free" is what the next case gets).  ``phases``
-    accumulates wall seconds: ``inputs``, ``reference`` (the expected outputs), ``checks`` (all
-    checks, guards and comparisons included) and, within those, ``backend_calls``.
-    """
-    dev = torch.device(device)
-    base = allocated(dev)
-    oom_detail = None
-    try:
-        t0 = time.perf_counter()
-        inputs = make_inputs(case, cfg.seed, device)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
-        expected = expected_forward(inputs)
-        phases["inputs"] += t1 - t0
-        phases["reference"] += time.perf_counter() - t1
-    except KeyboardInterrupt:
-        raise
-    except OOM_ERRORS as exc:
-        oom_detail = f"{type(exc).__name__}: {exc}"
-        forget(exc)
-    except Exception as exc:  # noqa: BLE001 - a case that cannot be built fails, the run goes on
-        yield [_input_failure(case, b, cfg.seed, exc) for b in group]
-        return
-    if oom_detail is not None:
-        release(dev)
-        yield [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
-                               "building the case inputs and reference outputs", oom_detail) for b in group]
-        return
-    gbps = curve_gbps(curve) if curve else None
-    for b in group:
-        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, gbps, mem_base=base, nan_bits=cfg.nan_bits, copy_curve=curve)
-        for chunk in check_chunks(checks):
-            if on_begin is not None:
-                on_begin(b, chunk)
-            t0 = time.perf_counter()
-            recs = run_case_checks(ctx, chunk, expected)
-            phases["checks"] += time.perf_counter() - t0
-            phases["backend_calls"] += sum(r.duration_s for r in recs)
-            yield recs
-
-
-def in_check_order(recs: Sequence[CheckRecord], group: Sequence[LoadedBackend]) -> list[CheckRecord]:
-    """Records of one case ordered by backend (as in ``group``), then by check (``CHECKS``)."""
-    spec_order = {b.spec: i for i, b in enumerate(group)}
-    return sorted(recs, key=lambda r: (spec_order.get(r.backend, len(spec_order)), CHECKS.index(r.check)))
-
-
 def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBackend], checks: tuple[str, ...],
                   curve: Optional[CopyCurve], phases: dict[str, float]) -> list[CheckRecord]:
     """Every record of ``case`` on the backends of one device, in this process (``case_chunks``)."""
     return in_check_order([r for recs in case_chunks(cfg, case, device, group, checks, curve, phases) for r in recs], group)
 
 
-PHASES = ("inputs", "reference", "checks", "backend_calls", "report_writes", "sections", "total")
-"""Keys of ``meta.phase_s``: where a run's wall time went (``backend_calls`` is part of ``checks``)."""
-
-
 def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve], phases: dict[str, float]) -> None:
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     runnable = [b for b in cfg.backends if b.available]
     checks = cfg.checks + (("perf",) if cfg.perf and "perf" not in cfg.checks else ())
@@ -256,8 +172,6 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
     supervisor = None
     if cfg.isolate and runnable:
-        from .isolation import NotIsolatable, WorkerSettings, isolatable, supervisor as get_supervisor
-
         why = isolatable(runnable)
         if why is None:
             settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, torch.get_num_threads())
@@ -293,8 +207,6 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
         finished = True
     finally:
         if supervisor is not None:
-            from .isolation import done_with
-
             writer.report["meta"]["workers_started"] = supervisor.starts - starts
             done_with(supervisor, keep=finished)
     bar.close()
@@ -303,11 +215,9 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
 def run(cfg: RunConfig) -> int:
     """Run ``cfg`` and return the exit code (0 only when every check passed; 2 when another run is
     writing to the same ``out_dir``; 130 on Ctrl-C and 143 on SIGTERM, each with a partial report)."""
-    # The HTML renderer (matplotlib) is imported before SIGTERM can raise: an import cut off midway
-    # leaves half-initialised modules behind, and the partial report's HTML then fails to import
-    # them (seen on a slow host: exit 1 instead of 143, no partial HTML).
-    from moe_fq_parity.reports import html  # noqa: F401
-
+    # The HTML renderer (matplotlib, imported with this module) must be loaded before SIGTERM can
+    # raise: an import cut off midway leaves half-initialised modules behind, and the partial
+    # report's HTML then fails to import them (seen on a slow host: exit 1 instead of 143, no partial HTML).
     try:
         with out_lock(cfg.out_dir), run_signals():
             return _run_locked(cfg)

@@ -23,7 +23,7 @@ from moe_fq_parity.harness.sections.dist.safe_io import (
     read_metadata,
     save_full,
 )
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.bits import bits_equal
 
 TENSORS = {
     "w": (torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 3).bfloat16(),

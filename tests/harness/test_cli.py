@@ -85,10 +85,10 @@ def test_explicit_unavailable_backend_is_not_a_pass(tmp_path):
 
 
 def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
-    from moe_fq_parity.harness.run import runner as runner
+    from moe_fq_parity.harness.run import chunks
 
     calls = {"n": 0}
-    real = runner.run_case_checks
+    real = chunks.run_case_checks
 
     def dies(*a, **k):
         calls["n"] += 1
@@ -96,7 +96,7 @@ def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(runner, "run_case_checks", dies)
+    monkeypatch.setattr(chunks, "run_case_checks", dies)
     rc, report = _run(tmp_path, "--backend", "reference", "--suite", "smoke", "--in-process")  # the patch lives in this process
     validate(report)
     assert rc == 130 and not report["complete"] and "interrupted" in report["error"] and len(report["records"]) > 0

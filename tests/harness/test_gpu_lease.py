@@ -106,7 +106,8 @@ def test_one_worker_per_gpu_and_a_case_stays_on_one_worker(tmp_path, gpus):
     from moe_fq_parity.cases import parse_case
     from moe_fq_parity.harness.core.memory import case_bytes
 
-    from moe_fq_parity.harness.run.pytest_plugin import ParitySettings, gpu_case_groups
+    from moe_fq_parity.harness.run.plugin_collect import gpu_case_groups
+    from moe_fq_parity.harness.run.plugin_options import ParitySettings
 
     rows = _run_project(tmp_path, "--parity-suite", "smoke", tests=CASE_TESTS, gpus=gpus, workers=3)
     assert rows and all(r["kind"] == "case" for r in rows)
@@ -133,7 +134,7 @@ def test_an_explicit_other_dist_mode_is_kept(tmp_path):
 
 
 def test_case_id_of_nodeid():
-    from moe_fq_parity.harness.run.pytest_plugin import case_id_of_nodeid
+    from moe_fq_parity.harness.run.plugin_collect import case_id_of_nodeid
 
     ids = {"int8.cuda/a-b/x/s0", "nvfp4.te/y/s1"}
     assert case_id_of_nodeid("t.py::test[int8.cuda/a-b/x/s0-forward]", ids) == "int8.cuda/a-b/x/s0"
@@ -199,7 +200,8 @@ def test_gpu_groups_balance_the_case_count_too():
 
     from moe_fq_parity.cases import parse_case
     from moe_fq_parity.harness.core.memory import case_bytes
-    from moe_fq_parity.harness.run.pytest_plugin import ParitySettings, gpu_case_groups
+    from moe_fq_parity.harness.run.plugin_collect import gpu_case_groups
+    from moe_fq_parity.harness.run.plugin_options import ParitySettings
 
     settings = ParitySettings(report_dir=None, seed=0, suite=None, backends=(), mode="strict", timeout_s=None, hypothesis_profile="ci")
     for gpus in (2, 3, 4):

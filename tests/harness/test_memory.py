@@ -17,7 +17,9 @@ from moe_fq_parity.harness.backends import load
 from moe_fq_parity.harness.backends.reference_backend import ReferenceBackend, expert_chunks
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS, CheckContext, expected_forward, run_case_checks
 from moe_fq_parity.harness.core import memory
-from moe_fq_parity.harness.run import pytest_plugin
+from moe_fq_parity.harness.run import plugin_checks
+from moe_fq_parity.harness.run.plugin_options import ParitySettings
+from moe_fq_parity.harness.run.plugin_state import ParitySession
 from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.harness.run.diff import diff_reports
 from moe_fq_parity.reports.schema import validate
@@ -144,16 +146,16 @@ def test_backend_out_of_memory_is_its_own_outcome_and_the_next_case_runs(tmp_pat
 
 
 def test_out_of_memory_while_building_a_case_names_it_and_the_run_goes_on(tmp_path, monkeypatch):
-    from moe_fq_parity.harness.run import runner
+    from moe_fq_parity.harness.run import chunks
 
-    real = runner.make_inputs
+    real = chunks.make_inputs
 
     def make_inputs(case, seed, device):
         if case.id == BIG:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated while building)")
         return real(case, seed, device)
 
-    monkeypatch.setattr(runner, "make_inputs", make_inputs)
+    monkeypatch.setattr(chunks, "make_inputs", make_inputs)
     rc, report = _cli(tmp_path, "build", "--backend", "reference", "--case", BIG, "--case", SMALL)
     big = [r for r in report["records"] if r["case_id"] == BIG]
     assert rc == 1 and len(big) == 1 and big[0]["outcome"] == "oom"
@@ -189,18 +191,20 @@ def _item(case):
 
 def test_plugin_keeps_a_case_only_while_the_next_test_checks_it():
     a, b = Case.from_id(BIG), Case.from_id(SMALL)
-    first = pytest_plugin._case_tensors(a, 1, "cpu")
-    assert pytest_plugin._case_tensors(a, 1, "cpu") is first  # consecutive checks share the tensors
+    state = ParitySession(ParitySettings(report_dir=None, seed=1, suite=None, backends=(), mode="strict", timeout_s=None,
+                                         hypothesis_profile=None))
+    first = plugin_checks.case_tensors(state, a, 1, "cpu")
+    assert plugin_checks.case_tensors(state, a, 1, "cpu") is first  # consecutive checks share the tensors
     held = weakref.ref(first.inputs.weights[0])
-    pytest_plugin.pytest_runtest_teardown(_item(a), _item(a))
-    assert pytest_plugin._CURRENT and held() is not None
+    plugin_checks.teardown(state, _item(a), _item(a))
+    assert state.current is not None and held() is not None
     del first
-    pytest_plugin.pytest_runtest_teardown(_item(a), _item(b))
+    plugin_checks.teardown(state, _item(a), _item(b))
     gc.collect()
-    assert not pytest_plugin._CURRENT and held() is None
-    pytest_plugin._case_tensors(b, 1, "cpu")
-    pytest_plugin.pytest_runtest_teardown(_item(b), None)  # last test of the session (or of the worker's queue)
-    assert not pytest_plugin._CURRENT
+    assert state.current is None and held() is None
+    plugin_checks.case_tensors(state, b, 1, "cpu")
+    plugin_checks.teardown(state, _item(b), None)  # last test of the session (or of the worker's queue)
+    assert state.current is None
 
 
 ULTRA = [c for c in suite("ultra") if c.n == 32 and c.shape == (5120, 8192)]

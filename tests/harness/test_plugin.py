@@ -44,7 +44,7 @@ def test_collection_ids_header_and_slow_deselection(tmp_path):
 
 def test_tests_of_a_case_are_adjacent_across_backends(tmp_path):
     """Case-major order: every test of a case (all backends, all checks) runs before the next case's,
-    so the plugin builds a case's inputs and reference outputs once (``_case_tensors``)."""
+    so the plugin builds a case's inputs and reference outputs once (``plugin_checks.case_tensors``, in process)."""
     proc = _pytest(tmp_path, "tests/harness/test_parity.py", "--collect-only", "-q", "--parity-backend", "reference",
                    "--parity-backend", "eager-loop", "-k", "int8.cuda/per_expert/stacked")
     ids = [ln.split("[", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("tests/harness/test_parity.py::test_parity[")]

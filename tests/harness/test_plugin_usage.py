@@ -88,6 +88,7 @@ def test_default_backends_that_cannot_run_still_skip(run_pytest):
     ((), {"PARITY_TIMEOUT": "inf"}, "PARITY_TIMEOUT"),
     ((), {"PARITY_NAN_BITS": "x"}, "PARITY_NAN_BITS"),
     ((), {"PARITY_SUITE": "nope"}, "PARITY_SUITE"),
+    ((), {"PARITY_IN_PROCESS": "maybe"}, "--parity-in-process / PARITY_IN_PROCESS: expected 1 or 0, got 'maybe'"),
 ])
 def test_bad_option_or_environment_value_is_a_one_line_usage_error(run_pytest, args, env, needle):
     """Every setting is checked when the session starts, by the CLI's own checks
@@ -141,11 +142,12 @@ def test_bad_k_expression_writes_no_report(run_pytest, tmp_path):
 
 def test_report_counts_a_parity_test_that_failed_before_its_check_recorded(run_pytest, tmp_path):
     """A parity test that fails in pytest without a failing record (here: building the case's inputs
-    raises) is a failing record of the report, with the pytest error and the repro command; the
-    report is never a complete pass beside failed tests."""
+    raises, in process: a worker records that as the check's failure itself) is a failing record of
+    the report, with the pytest error and the repro command; the report is never a complete pass
+    beside failed tests."""
     rep = tmp_path / "rep"
     rc, out, err = run_pytest("--parity-backend", B + "OnMeta", "--parity-suite", "smoke", "--parity-report", str(rep),
-                              "-k", f"{ONE_K} and forward")
+                              "-k", f"{ONE_K} and forward", "--parity-in-process")
     assert rc == pytest.ExitCode.TESTS_FAILED and "1 failed" in out, out[-3000:]
     report = json.loads((rep / "report.json").read_text())
     validate(report)

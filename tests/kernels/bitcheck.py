@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from moe_fq_parity.harness.core.ulp import bits_equal, ulp_distance
+from moe_fq_parity.harness.core.bits import bits_equal
+from moe_fq_parity.harness.core.ulp import ulp_distance
 
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 AMAX_MODES = ("max", "below", "above", "odd", "tiny", "edge", "zero")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
 from moe_fq_parity.harness.sections.moe.layers import GroupedLinearTwin, SequentialExperts, set_expert_params, split_tokens
 from moe_fq_parity.harness.sections.moe.te_adapter import grouped_forward, make_grouped_linear, te_available
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.bits import bits_equal
 
 SHAPE = ExpertShape(5, 24, 40, 30)
 

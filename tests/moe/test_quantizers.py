@@ -14,7 +14,7 @@ from moe_fq_parity.harness.sections.moe.layers import GroupedLinearTwin, Sequent
 from moe_fq_parity.harness.sections.moe.quantized import QuantGroupedExperts, QuantSequentialExperts, calibrate
 from moe_fq_parity.harness.sections.moe.quantizers import ExpertQuantizer, FakeQuantSTE, MaxQuantizer, set_quant_mode
 from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.bits import bits_equal
 
 SHAPE = ExpertShape(4, 16, 32, 24)
 FP8 = QuantSpec("fp8_e4m3", "per_tensor")

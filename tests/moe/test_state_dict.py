@@ -17,7 +17,7 @@ from moe_fq_parity.harness.sections.moe.state_dict import (
     grouped_to_indexed, indexed_to_grouped, load_checkpoint, n_quantizer_keys, n_to_vector, save_checkpoint,
     split_grouped_tensor, to_internal_keys, to_upstream_keys, vector_to_n,
 )
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.bits import bits_equal
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

@@ -22,7 +22,7 @@ from moe_fq_parity.harness.sections.moe.layers import set_expert_params
 from moe_fq_parity.harness.sections.moe.roles import QuantSpec, Recipe
 from moe_fq_parity.harness.sections.moe.section import te_vs_twin_rows, run
 from moe_fq_parity.harness.sections.moe.te_adapter import grouped_forward, is_real_te, make_grouped_linear, te_available
-from moe_fq_parity.harness.core.ulp import bits_equal
+from moe_fq_parity.harness.core.bits import bits_equal
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@
 For one backend and one format, every reference variant (``reference.variants(fmt)``) is
 evaluated on the same inputs as the backend (``harness.sections.external.match_cases``) and compared
 element by element with ``harness.core.ulp.compare`` (value equality: ``+0 == -0``, NaN == NaN; the
-classes exact / ulp1 / tie_flip / error) and ``harness.core.ulp.bits_equal`` (bit equality; NaN
+classes exact / ulp1 / tie_flip / error) and ``harness.core.bits.bits_equal`` (bit equality; NaN
 payloads counted apart).  A variant *matches* when no element differs: in value, or in the sign
 of a zero.  NaN payloads are not part of the match (the reference writes the canonical NaN
 ``0x7FFF``; torch's CPU casts keep sign and payload): ``nan_bits`` counts them.
@@ -41,7 +41,8 @@ from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import backend_device
 from moe_fq_parity.harness.core.equality import MAX_OFFENDERS, offenders_at
 from moe_fq_parity.harness.core.records import Offender
-from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie, other_side, ulp_distance
+from moe_fq_parity.harness.core.bits import bits_equal
+from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, compare, near_tie, other_side, ulp_distance
 from moe_fq_parity.reports.schema import dumps
 
 from . import FAMILIES, probes

@@ -1,0 +1,117 @@
+"""The pytest plugin's collection: the parity cases as parameters, the default CPU tier, the GPU
+skip of parity tests, and the xdist scheduling of GPU cases by group.
+
+Imported by the plugin once collection starts (it imports torch through the cases).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Container, Optional
+
+import pytest
+import torch
+
+from moe_fq_parity.cases import marks, suite
+
+from .plugin_options import ParitySettings, is_parity_test
+from .shard import assign
+
+
+def collected_cases(settings: ParitySettings) -> list[tuple[Any, tuple[str, ...]]]:
+    """``(case, marks)`` of every parity case the session collects: the suite named, else the nightly
+    suite with ``slow`` on every case outside ``ci``."""
+    if settings.suite is not None:
+        return [(c, marks(c)) for c in suite(settings.suite)]
+    ci_ids = {c.id for c in suite("ci")}
+    out = []
+    for c in suite("nightly"):
+        m = set(marks(c))
+        if c.id not in ci_ids:
+            m.add("slow")
+        out.append((c, tuple(sorted(m))))
+    return out
+
+
+def parametrize(metafunc: pytest.Metafunc, settings: ParitySettings) -> None:
+    """``parity_case`` over the collected cases (ids: case ids), ``parity_backend`` over the backends."""
+    if "parity_case" in metafunc.fixturenames:
+        params = [pytest.param(c, id=c.id, marks=[pytest.mark.parity, *(getattr(pytest.mark, m) for m in ms)])
+                  for c, ms in collected_cases(settings)]
+        metafunc.parametrize("parity_case", params)
+    if "parity_backend" in metafunc.fixturenames:
+        # function scope keeps the tests case-major (case, then backend, then check): the case's inputs and
+        # reference outputs are built once for all backends (a session-scoped backend made pytest run every
+        # case once per backend, rebuilding them each time)
+        metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends))
+
+
+def modify_items(config: pytest.Config, items: list[pytest.Item], settings: ParitySettings) -> None:
+    """Deselect the slow parity cases unless ``-m`` or ``--parity-suite`` chose; skip the parity tests
+    marked ``gpu`` where there is no CUDA device.  Tests that use none of the plugin's fixtures are
+    left as they are (another project's ``gpu`` marker means what that project says)."""
+    keep, drop = [], []
+    explicit = bool(config.getoption("markexpr", "")) or settings.suite is not None
+    cuda: Optional[bool] = None
+    for item in items:
+        if not is_parity_test(item):
+            keep.append(item)
+            continue
+        if "parity_case" in item.fixturenames and not explicit and item.get_closest_marker("slow"):
+            drop.append(item)
+            continue
+        if item.get_closest_marker("gpu"):
+            cuda = torch.cuda.is_available() if cuda is None else cuda
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def gpu_count() -> int:
+    """CUDA devices here (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_case_groups(settings: ParitySettings, gpus: int) -> dict[str, int]:
+    """``{case id: GPU group}`` for every parity case of ``settings`` (on a GPU host every parity test
+    runs its backends on the GPU).
+
+    The groups are the shards of ``harness.run.shard.assign`` (largest case first onto the group
+    with the fewest bytes), so the G groups carry about equal work and every process computes the
+    same groups from the same settings.  Taking the cases in catalogue order instead balanced the
+    bytes but not the time: on the two-GPU H100 host one group got the many small cases (10,260 of
+    the 14,454 slow parity tests; 128 s of serial test time against 73 s), and ``-n 2`` ran at the
+    speed of that group.
+    """
+    cases = [case for case, _ in collected_cases(settings)]
+    return {case.id: group - 1 for case, group in zip(cases, assign(cases, max(gpus, 1)))}
+
+
+def case_id_of_nodeid(nodeid: str, ids: Container[str]) -> Optional[str]:
+    """The parity case id inside a test id's ``[...]`` parameters (joined by ``-``), or ``None``."""
+    lo, hi = nodeid.find("["), nodeid.rfind("]")
+    if lo < 0 or hi < lo:
+        return None
+    parts = nodeid[lo + 1:hi].split("-")
+    for i in range(len(parts)):
+        for j in range(len(parts), i, -1):
+            if "-".join(parts[i:j]) in ids:
+                return "-".join(parts[i:j])
+    return None
+
+
+def gpu_group_scheduler(config: pytest.Config, log: Any, settings: ParitySettings, gpus: int) -> Any:
+    """A ``loadscope`` xdist scheduler whose scopes are the GPU groups (``gpu_case_groups``: one per
+    GPU, all tests of a case in one) and every other test alone."""
+    from xdist.scheduler import LoadScopeScheduling  # deferred: pytest-xdist is optional (the test extra)
+
+    groups = gpu_case_groups(settings, gpus)
+
+    class GpuGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            case = case_id_of_nodeid(nodeid, groups)
+            return nodeid if case is None else f"parity-gpu{groups[case]}"
+
+    return GpuGroupScheduling(config, log)

@@ -1,0 +1,76 @@
+"""The pytest plugin's options, markers and resolved settings (``harness.run.pytest_plugin``).
+
+Light on purpose: the plugin's entry module imports this at load, in every pytest session of any
+project where the distribution is installed, so nothing here imports torch or numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, VERDICT_MODES
+
+ENV_PREFIX = "PARITY_"
+MARKERS = {
+    "parity": "a parity check of a backend against the reference (set by the plugin on tests using parity_case)",
+    "slow": "large shapes (Ultra, N=128) and long runs",
+    "gpu": "needs a CUDA device; skipped with a reason without one",
+    "fuzz": "Hypothesis fuzzing (profile via --hypothesis-profile / HYPOTHESIS_PROFILE)",
+    "dist": "spawns several processes",
+}
+ENV_NAMES = {"report": "REPORT", "seed": "SEED", "suite": "SUITE", "backend": "BACKENDS", "mode": "MODE", "timeout": "TIMEOUT",
+             "nan_bits": "NAN_BITS", "in_process": "IN_PROCESS"}
+"""Option ``--parity-X`` -> its environment variable ``PARITY_<name>``."""
+FIXTURES = frozenset({"parity_case", "parity_backend", "parity_loaded_backend", "parity_check", "parity_record", "parity_settings"})
+"""The plugin's fixtures: a test that uses one of them is a parity test, the only kind of test of
+another project the plugin changes (its GPU skip)."""
+
+
+@dataclass(frozen=True)
+class ParitySettings:
+    """Resolved plugin settings (command line > environment ``PARITY_*`` > default)."""
+
+    report_dir: Optional[Path]
+    seed: int
+    suite: Optional[str]
+    backends: tuple[str, ...]
+    mode: str
+    timeout_s: Optional[float]
+    hypothesis_profile: Optional[str]
+    """``None`` where Hypothesis is not installed."""
+    nan_bits: str = DEFAULT_NAN_BITS
+    explicit_backends: bool = False
+    """The backends were named (option or environment): each must be available here."""
+    in_process: bool = False
+    """The parity tests call the backends in the pytest process (``--parity-in-process``), not in a
+    supervised worker (``harness.run.isolation``)."""
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """The ``parity`` option group."""
+    g = parser.getgroup("parity", "MoE fake-quant parity harness")
+    g.addoption("--parity-report", metavar="DIR", default=None, help="write every parity check record to DIR/report.json and DIR/report.html")
+    g.addoption("--parity-seed", type=int, default=None, help="global seed (env PARITY_SEED; default cases.DEFAULT_SEED)")
+    g.addoption("--parity-suite", default=None, help="collect exactly this suite (env PARITY_SUITE); default: ci plus slow-marked larger cases")
+    g.addoption("--parity-backend", action="append", default=None, help="backend spec (repeatable; env PARITY_BACKENDS comma-separated; default: all built-ins)")
+    g.addoption("--parity-mode", choices=VERDICT_MODES, default=None, help="forward verdict mode (env PARITY_MODE; default strict)")
+    g.addoption("--parity-timeout", type=float, default=None, help=f"per backend call timeout, s (env PARITY_TIMEOUT; default {CALL_TIMEOUT_S:g}; 0: none)")
+    g.addoption("--parity-nan-bits", choices=NAN_BITS_MODES, default=None,
+                help="NaN payload/sign policy (env PARITY_NAN_BITS; default any: not compared; strict: counted as class nan_bits)")
+    g.addoption("--parity-in-process", action="store_true", default=None,
+                help="call the backends in the pytest process (env PARITY_IN_PROCESS=1); default: in a supervised worker process, "
+                     "so a backend that crashes or hangs fails its test and the session goes on")
+
+
+def usage(opt: str, message: str) -> pytest.UsageError:
+    """A one-line usage error naming the option and its environment variable."""
+    return pytest.UsageError(f"--parity-{opt.replace('_', '-')} / {ENV_PREFIX}{ENV_NAMES[opt]}: {message}")
+
+
+def is_parity_test(item: pytest.Item) -> bool:
+    """Whether ``item`` uses one of the plugin's fixtures."""
+    return not FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))

@@ -1,0 +1,88 @@
+"""The pytest plugin among other projects and against crashing backends.
+
+* Loading the plugin (every pytest session where this distribution is installed) imports neither
+  torch nor numpy, and a project's own ``gpu``-marked test is that project's business: the plugin
+  does not skip it.
+* The ready parity test calls its backends in a supervised worker (``harness.run.isolation``): a
+  backend that ends its process fails its test as a ``crash`` with the repro, the report records
+  it, and the session goes on with the next test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOSTILE = "tests.harness.hostile_backends"
+INT4 = "int4.cuda/per_expert/stacked/N4/8x40/outliers/s0"
+"""The hostile backends misbehave on INT4 calls only."""
+INT8 = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARITY_", "PYTEST_"))}
+    return env | extra
+
+
+def _pytest(proj: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *args], cwd=proj, env=_env(**env),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_numpy():
+    code = ("import sys; import moe_fq_parity.harness.run.pytest_plugin; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_another_projects_gpu_marker_is_left_alone(tmp_path):
+    """Without CUDA, a ``gpu``-marked test of a project that uses none of the plugin's fixtures runs:
+    what its marker means is the project's choice."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: this project's own meaning\n")
+    (tmp_path / "test_theirs.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_mine():\n    assert True\n")
+    proc = _pytest(tmp_path, CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "moe_fq_parity" in subprocess.run([sys.executable, "-m", "pytest", "--trace-config", "--co", "-q", "-p", "no:cacheprovider"],
+                                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300).stdout  # loaded
+
+
+@pytest.mark.parametrize("name, how", [("ExitsZero", "exited with code 0"), ("Segfaults", "killed by signal SIGSEGV")])
+def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(tmp_path, name, how):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pytest.ini").write_text("[pytest]\n")
+    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    spec = f"{HOSTILE}:{name}"
+    ids = [f"test_kernel.py::test_parity[{case}-{spec}-forward]" for case in (INT4, INT8)]
+    proc = _pytest(proj, *ids, "--parity-suite", "smoke", "--parity-backend", spec, "--parity-report", "out", PYTHONPATH=str(REPO))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 failed, 1 passed" in out, out[-4000:]
+    assert "forward failed (crash) for " + INT4 in out and how in out and f"repro: moe-fq-parity run --case {INT4}" in out, out[-4000:]
+    report = json.loads((proj / "out" / "report.json").read_text())
+    by = {r["case_id"]: r for r in report["records"]}
+    assert report["complete"] and by[INT4]["outcome"] == "crash" and by[INT8]["verdict"] == "pass", report["records"]
+
+
+def test_worker_and_in_process_parity_tests_give_the_same_records(tmp_path):
+    """The worker (default) and ``--parity-in-process`` judge alike: same records, same verdicts and
+    counts, every check of a case sharing that case's tensors either way."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pytest.ini").write_text("[pytest]\n")
+    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    reports = {}
+    for mode, extra in (("worker", ()), ("in-process", ("--parity-in-process",))):
+        proc = _pytest(proj, "--parity-suite", "smoke", "--parity-backend", "reference", "-k", "int8 and outliers",
+                       "--parity-report", mode, *extra)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads((proj / mode / "report.json").read_text())
+        reports[mode] = sorted((r["key"], r["verdict"], json.dumps(r.get("counts"), sort_keys=True), r["message"]) for r in report["records"])
+    assert reports["worker"] and reports["worker"] == reports["in-process"]
