@@ -128,7 +128,7 @@ def section_from_blocks(name: str, title: str, columns: list[str], blocks: Itera
 
 SECTION_RUNNERS: dict[str, str] = {
     "moe": "moe_fq_parity.harness.sections.moe.section:run",
-    "dist": "moe_fq_parity.harness.sections.dist.section:run",
+    "dist": "moe_fq_parity.harness.sections.checkpoint.section:run",
     "selftest": "moe_fq_parity.harness.sections.selftest.section:run",
     "external": "moe_fq_parity.harness.sections.external.section:run",
 }

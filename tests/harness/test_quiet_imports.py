@@ -70,7 +70,7 @@ def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
     imports Megatron-Core and loads through it) printed 22 warning lines before, none now (a whole
     smoke ``run`` printed 87 and 162).  Cost: about 5 s of CPU, 10-60 s wall."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
-    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--save", "tp1ep2", "--load", "tp2ep1",
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.checkpoint", "--save", "tp1ep2", "--load", "tp2ep1",
                            "--engine", "megatron"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-3000:]

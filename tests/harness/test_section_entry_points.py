@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from moe_fq_parity.harness.sections import cli_args
-from moe_fq_parity.harness.sections.dist import __main__ as dist_main
+from moe_fq_parity.harness.sections.checkpoint import __main__ as dist_main
 from moe_fq_parity.harness.sections.external import variant_match
 from moe_fq_parity.harness.sections.moe import __main__ as moe_main
 from moe_fq_parity.harness.sections.selftest import seeds
@@ -104,8 +104,8 @@ def test_dist_cuda_without_enough_gpus(capsys, monkeypatch, gpus, argv, match):
 def test_dist_cuda_on_a_host_without_gpus_end_to_end(tmp_path):
     """The command as a user types it, no GPU visible: one line on stderr, exit 2, nothing run."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--device", "cuda"],
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.checkpoint", "--device", "cuda"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert proc.stderr.strip().splitlines()[-1].startswith("python -m moe_fq_parity.harness.sections.dist: error: --device cuda: layout")
+    assert proc.stderr.strip().splitlines()[-1].startswith("python -m moe_fq_parity.harness.sections.checkpoint: error: --device cuda: layout")

@@ -1,6 +1,6 @@
 """The report section ``dist``: every (save layout -> load layout, quantizer layout, format) pair.
 
-``run(suite, seed, device)`` runs the matrix (``harness.sections.dist.matrix``) for each checkpoint
+``run(suite, seed, device)`` runs the matrix (``harness.sections.checkpoint.matrix``) for each checkpoint
 engine -- DCP, and Megatron-Core ``dist_checkpointing`` (rows prefixed ``megatron/``) -- with the
 same negative controls, and returns one ``Section`` whose rows are the verdicts: ``roundtrip/...`` pairs,
 ``invariance/...`` layouts, ``content/...`` checkpoints, ``negative/...`` controls (pass = the
@@ -57,7 +57,7 @@ def repro(v: SectionRow, seed: int, device: str) -> str:
     f = v.fields
     save = f.get("save") or ("tp1ep1" if "load" in f else "")
     load = f.get("load") or save
-    args = ["python", "-m", "moe_fq_parity.harness.sections.dist", "--seed", str(seed), "--device", device, "--engine", str(f.get("engine", "dcp"))]
+    args = ["python", "-m", "moe_fq_parity.harness.sections.checkpoint", "--seed", str(seed), "--device", device, "--engine", str(f.get("engine", "dcp"))]
     if save:
         args += ["--save", save, "--load", load]
     return shlex.join(args)
