@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from moe_fq_parity.harness import sections
-from moe_fq_parity.harness.sections.external import modelopt_backend as mb
+from moe_fq_parity.harness.backends import modelopt_backend as mb
 from moe_fq_parity.harness.sections.external import section
 
 

@@ -1,4 +1,4 @@
-"""Third-party import warnings stay out of our output, and only those (``_imports.quiet_import``)."""
+"""Third-party import warnings stay out of our output, and only those (``quiet_imports.quiet_import``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_fq_parity.harness.sections.external._imports import try_import
+from moe_fq_parity.harness.backends.quiet_imports import try_import
 
 from tests.extras import importable
 
@@ -48,7 +48,7 @@ def test_list_prints_its_table_and_no_third_party_warnings():
 
 
 def test_an_upstream_call_hides_that_package_s_warnings_only(tmp_path, monkeypatch):
-    from moe_fq_parity.harness.sections.external._imports import quiet_upstream
+    from moe_fq_parity.harness.backends.quiet_imports import quiet_upstream
 
     (tmp_path / "noisy_upstream_pkg.py").write_text(
         "import warnings\ndef load():\n    warnings.warn('load_state_dict is deprecated', FutureWarning)\n    return 1\n")

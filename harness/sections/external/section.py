@@ -1,6 +1,6 @@
 """Report section ``external``: which reference variant each external backend matches, per format.
 
-For every backend of ``harness.external.BACKENDS`` that can run here, and every format it runs:
+For every backend of ``harness.backends.registry.BACKENDS`` that can run here, and every format it runs:
 
 * a ``variants`` row per format (INT: wide and narrow range): the reference variants it matches
   bit for bit, the mismatch count against each, and the variant it is expected to match
@@ -20,7 +20,7 @@ here, one ``skip`` row per format.
 
 ``prepare()`` (called by ``harness.sections.start_sections`` in the section's own process while
 the run's cases still run) builds or loads Model-Optimizer's CUDA extensions there
-(``modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
+(``harness.backends.modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
 compiles them beside the cases instead of inside the section; the notes say, per extension,
 whether it was compiled or loaded, in which phase and how long it took.
 """
@@ -33,18 +33,18 @@ from typing import Any, Optional
 import torch
 
 from moe_fq_parity import reference
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.harness.backends.modelopt_backend import BUILDS, modelopt_version, prepare_extensions
+from moe_fq_parity.harness.backends.registry import BACKENDS
+from moe_fq_parity.harness.backends.te_backend import te_version
+from moe_fq_parity.harness.backends.torchao_backend import torchao_version
+from moe_fq_parity.harness.core.contract import backend_available
+from moe_fq_parity.harness.sections import Section, SectionRow
 
-from . import BACKENDS
 from .checks import calibration_rows, clip_rule_row, ste_rows
 from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
-from .modelopt_backend import BUILDS, modelopt_version, prepare_extensions
 from .registry import resolve
-from .te_backend import te_version
-from .torchao_backend import torchao_version
 from .variant_match import FormatMatch, match_variants
-from moe_fq_parity.harness.core.contract import backend_available
-from moe_fq_parity.cases.catalogue import parse_suite, suite_table
-from moe_fq_parity.harness.sections import Section, SectionRow
 
 SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
     "smoke": {"n_ties": 40, "n_split": 2, "mx_shuffles": 0, "mx_random_blocks": 512},
