@@ -29,6 +29,7 @@ from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_fr
 
 from .checks import Verdict
 from .engines import ENGINES
+from .launch import start_fork_server
 from .layout import matrix_layouts
 from .matrix import DistPlan, run_plan_blocks
 
@@ -90,8 +91,6 @@ def engine_label(engine: str) -> str:
 
 def prepare() -> None:
     """Before the section's turn (``harness.sections.start_sections``): start the ranks' fork server."""
-    from .launch import start_fork_server
-
     start_fork_server()
 
 

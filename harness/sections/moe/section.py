@@ -23,21 +23,21 @@ from typing import Optional
 
 import torch
 
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.harness.core.equality import bit_diff
 from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
 
 from .bench import Bench, build_bench
 from .checks_input import input_rows
 from .checks_loss import loss_rows
 from .checks_state import layout_rows, quantizer_state_rows
+from .checks_te_roles import te_role_rows
 from .checks_weight import ROUTINGS, weight_rows
-from .compare import RowSink, bit_diff
-from moe_fq_parity.cases.catalogue import parse_suite, suite_table
-from moe_fq_parity.cases.inputs import seed_for_id
-
+from .compare import RowSink
 from .data import ExpertShape, make_expert_data
 from .roles import QuantSpec, Recipe, Role
 from .te_adapter import te_available
-from .te_roles import te_role_rows
 from .upstream_hook import backend_rows
 
 COLUMNS = ["backend", "spec", "shape", "role", "check", "expected", "measured", "mismatches"]
