@@ -17,7 +17,6 @@ the save layouts of every engine, with everything that reads their checkpoints,
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from dataclasses import replace
 from typing import Optional, Union
@@ -25,6 +24,7 @@ from typing import Optional, Union
 import torch
 
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.harness.core.repro import checkpoint_command
 from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
 
 from .checks import Verdict
@@ -57,11 +57,7 @@ def repro(v: SectionRow, seed: int, device: str) -> str:
     """A command that reruns the save and load layouts a row involves."""
     f = v.fields
     save = f.get("save") or ("tp1ep1" if "load" in f else "")
-    load = f.get("load") or save
-    args = ["python", "-m", "moe_fq_parity.harness.sections.checkpoint", "--seed", str(seed), "--device", device, "--engine", str(f.get("engine", "dcp"))]
-    if save:
-        args += ["--save", save, "--load", load]
-    return shlex.join(args)
+    return checkpoint_command(seed, device, str(f.get("engine", "dcp")), save, f.get("load") or save)
 
 
 def to_rows(verdicts: list[SectionRow], seed: int, device: str, workdir: str = "") -> list[SectionRow]:

@@ -353,7 +353,7 @@ def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> 
     cf = cand.to(torch.float32)
     cand = cand[(cf >= 2.0**-8) & (cf <= 2.0**8)]
     cand = cand[torch.randperm(cand.numel(), generator=gen)[:256]]
-    if fmt == "nvfp4":
+    if reference.format_spec(fmt).block is not None:  # two-level block scales: any amax splits the variants' block scales
         picked = cand[:n_split]
     else:
         col, a = cand.reshape(-1, 1), cand.to(torch.float32)
@@ -397,12 +397,13 @@ def build_cases(
     """
     if not reference.format_spec(fmt).takes_amax:
         return mx_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
+    block_scaled = reference.format_spec(fmt).block is not None
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
-    if fmt == "nvfp4":
+    if block_scaled:
         calibrated.append(nvfp4_te_dequant_case(seed=seed))
     if calibrated_only:
         return calibrated
-    if fmt == "nvfp4":
+    if block_scaled:
         return [nvfp4_blocks_case(), nvfp4_scale_pairs_case(seed=seed), nvfp4_ties_case(), *calibrated]
     ties = probes.near_ties(fmt, n_ties, seed=seed)
     return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), fp32_case(fmt, seed=seed), *calibrated]

@@ -39,6 +39,7 @@ from moe_fq_parity.harness.backends.registry import BACKENDS
 from moe_fq_parity.harness.backends.te_backend import te_version
 from moe_fq_parity.harness.backends.torchao_backend import torchao_version
 from moe_fq_parity.harness.core.contract import backend_available
+from moe_fq_parity.harness.core.repro import variant_match_command
 from moe_fq_parity.harness.sections import Section, SectionRow
 
 from .checks import calibration_rows, clip_rule_row, ste_rows
@@ -87,11 +88,8 @@ def _options(fmt: str) -> list[dict[str, Any]]:
 
 
 def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:
-    narrow = " --narrow-range" if options.get("narrow_range") else ""
-    mx = "" if reference.format_spec(fmt).takes_amax else (
-        f" --mx-shuffles {sizes.get('mx_shuffles', MX_SHUFFLES)} --mx-random-blocks {sizes.get('mx_random_blocks', MX_RANDOM_BLOCKS)}")
-    return (f"python -m moe_fq_parity.harness.sections.external.variant_match --backend {name} --format {fmt} --seed {seed} "
-            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}{mx}")
+    mx = None if reference.format_spec(fmt).takes_amax else (sizes.get("mx_shuffles", MX_SHUFFLES), sizes.get("mx_random_blocks", MX_RANDOM_BLOCKS))
+    return variant_match_command(name, fmt, seed, sizes["n_ties"], sizes["n_split"], narrow_range=bool(options.get("narrow_range")), mx_sizes=mx)
 
 
 def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approximate_division: bool = False,

@@ -18,6 +18,7 @@ import torch
 
 from moe_fq_parity.harness.sections import SectionRow
 from moe_fq_parity.harness.core.equality import BitDiff
+from moe_fq_parity.harness.core.repro import moe_section_command
 from moe_fq_parity.reference.formats import FORMATS, format_spec
 
 from .roles import Role
@@ -76,7 +77,7 @@ class RowSink:
         return f"{self.prefix}/{rid}/{check}/s{self.seed}"
 
     def repro(self, row_id: str) -> str:
-        return f"python -m moe_fq_parity.harness.sections.moe --suite {self.suite} --seed {self.seed} --device {self.device} --filter '{row_id}'"
+        return moe_section_command(self.suite, self.seed, self.device, row_id)
 
     def add(self, role: Role | str, check: str, *, ok: bool, expected: str, measured: str, mismatches: int | str = "", detail: str = "") -> None:
         rid = self.row_id(role, check)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moe_fq_parity.harness.core.records import CheckRecord
+from moe_fq_parity.harness.core.repro import selftest_command
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,7 @@ class MutantOutcome:
 
     def repro(self, suite: str, seed: int) -> str:
         """The command that reruns this mutant (on its killing case, when it was killed on one)."""
-        case = f" --case {self.case_id}" if self.case_id else ""
-        return f"moe-fq-parity selftest --suite {suite} --seed {seed} --mutant {self.name}{case}"
+        return selftest_command(suite, seed, self.name, self.case_id)
 
 
 @dataclass(frozen=True)
