@@ -21,31 +21,10 @@ import importlib
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional
 
+from moe_fq_parity.harness.core.partition import Part
 from moe_fq_parity.reports.schema import VERDICTS, section_verdict
-
-
-@dataclass(frozen=True)
-class Part:
-    """Part ``index`` (1-based) of ``count`` of a section split across the shards of a run."""
-
-    index: int
-    count: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.index <= self.count:
-            raise ValueError(f"part {self.index}/{self.count}: expected 1 <= index <= count")
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    def owned(self, weights: Sequence[float]) -> list[bool]:
-        """Which of the items of these weights (in their unsplit order) are this part's
-        (``harness.core.partition.balance``: every part computes the same partition)."""
-        from moe_fq_parity.harness.core.partition import balance
-
-        return [p == self.index for p in balance(weights, self.count)]
 
 
 BlockKey = tuple[int, ...]
