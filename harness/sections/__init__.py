@@ -170,12 +170,24 @@ def _prepare(target: str) -> None:
         pass
 
 
+def _host_only(target: str, device: str) -> bool:
+    """Whether the runner's module declares (``host_only(device) -> True``) that for this run's device
+    it uses no GPU: such a section starts as soon as it is prepared, beside the cases that drive the
+    GPU, instead of after them.  Undeclared, or an error while asking: it waits for its turn."""
+    try:
+        declared = getattr(importlib.import_module(target.partition(":")[0]), "host_only", None)
+        return bool(declared(device)) if callable(declared) else False
+    except Exception:  # noqa: BLE001 - the section then runs in its turn, where run_section reports errors
+        return False
+
+
 def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str, threads: int, siblings: int,
            part: Optional[Part]) -> None:
     """Body of a section's own process (``threads``: its share of the parent's PyTorch threads;
     ``siblings``: the other section processes running at once, ``processes.SIBLINGS_ENV``):
-    prepares the section, waits for the parent's ``"go"``, then sends its JSON (or the exception's
-    last line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
+    prepares the section, waits for the parent's ``"go"`` (on a GPU run, not if the section is
+    ``_host_only``: it starts at once, beside the cases), then sends its JSON (or the exception's last
+    line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
     ends the process without running the section."""
     try:
         import os
@@ -187,7 +199,7 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
         os.environ[SIBLINGS_ENV] = str(siblings)  # before prepare(): a process server started there inherits it
         torch.set_num_threads(threads)
         _prepare(target)
-        if conn.recv() != "go":
+        if not (device.startswith("cuda") and _host_only(target, device)) and conn.recv() != "go":
             return
         conn.send(("ok", _timed(name, target, suite, seed, device, part)))
     except EOFError:
@@ -327,7 +339,9 @@ def start_sections(suite: str, seed: int, device: str, names: Optional[Iterable[
     caller goes on (the run's cases), then waits; ``run()`` starts them all at once, so the run waits
     for the slowest section instead of their sum (on one H100 the nightly's ``moe`` section drives the
     GPU while ``dist`` runs its gloo ranks on the CPUs), each with an equal share of this process's
-    PyTorch threads.  A section process that dies gives that section one ``fail`` row.  Otherwise
+    PyTorch threads.  On a GPU run, a section whose module declares ``host_only(device)`` (it uses no
+    GPU there: ``dist``'s gloo matrix on a one-GPU host) does not wait for ``run()``: it starts as soon
+    as it is prepared, beside the cases.  A section process that dies gives that section one ``fail`` row.  Otherwise
     (one section, or few CPUs) ``run()`` runs them one after the other in this process.
 
     Cost of starting ahead: each section process holds its interpreter and imports while the cases

@@ -120,6 +120,9 @@ class UlpUpQuotient(ReferenceVariant):
     def __init__(self):
         super().__init__("modelopt_static", formats={"nvfp4"})
 
+    def quotient(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nextafter(q, torch.full_like(q, float("inf")))
+
     def fake_quant(self, weights, amax, fmt, **options):
         from moe_fq_parity.reference.nvfp4 import block_amax, static_block_scales, to_blocks
         from moe_fq_parity.reference.rounding import round_to_e2m1
@@ -129,9 +132,7 @@ class UlpUpQuotient(ReferenceVariant):
             xb = to_blocks(w.float(), 16)
             sc = static_block_scales(block_amax(w), g)[..., None]
             safe = torch.where(sc == 0, torch.ones(()), sc)
-            a = xb.abs() / safe
-            a = torch.nextafter(a, torch.full_like(a, float("inf")))
-            m = round_to_e2m1(a) * safe
+            m = round_to_e2m1(self.quotient(xb.abs() / safe)) * safe
             y = torch.where(sc == 0, torch.zeros(()), torch.where(xb >= 0, m, 0.0 - m))
             out.append(y.reshape(w.shape).to(w.dtype))
         return out
@@ -194,3 +195,68 @@ def test_mx_cases_are_sized_by_the_suite():
     assert totals[0] < totals[1] < totals[2] and totals[2] >= 10**6, totals
     for name in ("blocks/boundaries", "blocks/boundaries_fp32", "blocks/special"):
         assert built["smoke"][name] == built["nightly"][name]
+
+
+def _nudge(a: torch.Tensor, ulps: torch.Tensor) -> torch.Tensor:
+    """``a`` moved ``ulps`` (per element, signed) fp32 ulps."""
+    for step in range(int(ulps.abs().max()) if ulps.numel() else 0):
+        up = torch.nextafter(a, torch.full_like(a, float("inf")))
+        down = torch.nextafter(a, torch.full_like(a, -float("inf")))
+        a = torch.where(ulps > step, up, torch.where(-ulps > step, down, a))
+    return a
+
+
+class ApproxQuotient(UlpUpQuotient):
+    """``modelopt_static`` whose ``|x| / scale`` is off by up to ``bound`` fp32 ulps, each element by a
+    fixed pseudo-random amount in ``[-bound, bound]``: a stand-in for ``div.full.f32`` (bound 2), or for
+    a division worse than it claims (bound > 2)."""
+
+    def __init__(self, bound: int):
+        super().__init__()
+        self.bound = bound
+
+    def quotient(self, q: torch.Tensor) -> torch.Tensor:
+        ulps = torch.randint(-self.bound, self.bound + 1, q.shape, generator=torch.Generator().manual_seed(q.numel()))
+        return _nudge(q, torch.where(q == 0, 0, ulps))  # a zero quotient is exact in any division
+
+
+def test_near_tie_flips_within_the_division_bound_pass_only_when_declared():
+    """The te_dequant case (random bf16 blocks plus exact-tie blocks) through a quotient off by up to
+    2 ulps: near-tie flips beside the exact ones, every one listed; the row passes only for a
+    backend that declares an approximate division, and fails when the quotient is worse than that."""
+    from moe_fq_parity.harness.sections.external.match_cases import nvfp4_te_dequant_case, nvfp4_ties_case
+    from moe_fq_parity.harness.sections.external.variant_match import summary_lines
+
+    cases = [nvfp4_te_dequant_case(), nvfp4_ties_case()]
+    m = match_variants(ApproxQuotient(2), "nvfp4", cases=cases)
+    n_exact, n_near = m.tie_flips("modelopt_static"), m.division_flips("modelopt_static")
+    assert n_exact > 0 and n_near > 0 and m.mismatches("modelopt_static") == n_exact + n_near
+    assert m.matched_up_to_division == ("modelopt_static",) and m.matched_up_to_ties == ()
+    listed = [o for c in m.cases for v in c.variants if v.variant == "modelopt_static" for o in v.division_offenders]
+    assert len(listed) == n_near and {o.cls for o in listed} == {"division_flip"}
+    assert any("approximate-division flips: modelopt_static" in line for line in summary_lines(m))
+    row = variants_row(m, "modelopt_static", "repro", approximate_division=True)
+    assert row.verdict == "pass" and f"{n_exact} exact and {n_near} near E2M1 ties" in row.message
+    assert variants_row(m, "modelopt_static", "repro").verdict == "fail"
+
+    worse = match_variants(ApproxQuotient(8), "nvfp4", cases=cases)
+    assert worse.mismatches("modelopt_static") > worse.tie_flips("modelopt_static") + worse.division_flips("modelopt_static")
+    assert "modelopt_static" not in worse.matched_up_to_division
+    assert variants_row(worse, "modelopt_static", "repro", approximate_division=True).verdict == "fail"
+
+
+def test_a_wrong_value_beside_division_flips_is_not_excused():
+    """One element two grid steps off at a near tie is an error, not a division flip."""
+    from moe_fq_parity.harness.sections.external.match_cases import nvfp4_te_dequant_case
+
+    class TwoSteps(ApproxQuotient):
+        def fake_quant(self, weights, amax, fmt, **options):
+            out = super().fake_quant(weights, amax, fmt, **options)
+            flat = out[0].view(-1)
+            k = int(torch.nonzero(flat != 0)[0])
+            flat[k] = flat[k] * 3
+            return out
+
+    m = match_variants(TwoSteps(2), "nvfp4", cases=[nvfp4_te_dequant_case()])
+    assert m.mismatches("modelopt_static") == m.tie_flips("modelopt_static") + m.division_flips("modelopt_static") + 1
+    assert variants_row(m, "modelopt_static", "repro", approximate_division=True).verdict == "fail"

@@ -90,6 +90,13 @@ def prepare() -> None:
     start_fork_server()
 
 
+def host_only(device: str) -> bool:
+    """True when this section uses no GPU on a run on ``device``: on CPU, and on a CUDA host with
+    fewer than two GPUs (the gloo matrix on the host's CPUs; ``harness.sections`` then starts it
+    beside the run's cases).  ``torch.cuda.device_count`` asks NVML and creates no CUDA context."""
+    return device == "cpu" or (device.startswith("cuda") and isinstance(plan_for("smoke", 0, "cuda"), str))
+
+
 def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Section:
     """The ``dist`` section, or its ``part`` (see the module docstring).  The notes do not depend on
     the part (each engine's pass/fail/skip counts are the table's: its rows carry the engine)."""

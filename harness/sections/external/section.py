@@ -9,7 +9,8 @@ For every backend of ``harness.backends.registry.BACKENDS`` that can run here, a
   message, all of them in ``python -m moe_fq_parity.harness.sections.external.variant_match``).
   One exception, declared by the backend and never assumed: for a format in the backend's
   ``approximate_division`` (Model-Optimizer's Triton NVFP4 kernel divides with ``div.full.f32``),
-  a variant whose only mismatches are exact-tie flips (``variant_match.exact_tie``) passes, and
+  a variant whose only mismatches are exact-tie flips (``variant_match.exact_tie``) or flips within
+  the division's error bound of a rounding boundary (``variant_match.division_flip``) passes, and
   the row says how many flips there were (``tie_flips``; every one in ``variant_match --show``);
 * STE rows (both modes, per expert and per channel), the clip-rule fingerprint
   (``checks.clip_rule_row``: which ``reference.CLIP_RULES`` the clipped backward follows) and
@@ -45,7 +46,7 @@ from moe_fq_parity.harness.sections import Section, SectionRow
 from .checks import calibration_rows, clip_rule_row, ste_rows
 from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 from .registry import resolve
-from .variant_match import FormatMatch, match_variants
+from .variant_match import APPROX_DIVISION_ULPS, FormatMatch, match_variants
 
 SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
     "smoke": {"n_ties": 40, "n_split": 2, "mx_shuffles": 0, "mx_random_blocks": 512},
@@ -102,13 +103,16 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
         "backend": m.backend, "format": m.fmt, "options": opt, "version": version, "expected": expected or "-",
         "matched": ", ".join(m.matched) or "none",
         "mismatches": "; ".join(f"{v}={m.mismatches(v)}" for v in m.variant_names),
-        "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" for v in m.variant_names if m.tie_flips(v)) or "0",
+        "tie_flips": "; ".join(f"{v}={m.tie_flips(v)}" + (f" (+{m.division_flips(v)} near)" if m.division_flips(v) else "")
+                               for v in m.variant_names if m.tie_flips(v) or m.division_flips(v)) or "0",
         "per_case": "; ".join(f"{c.case}: {', '.join(v.variant for v in c.variants if v.matches) or 'none'}"
                               for c in m.cases if not (c.error or c.declined)),
         "elements": m.numel, "near_ties": m.near_tie,
     }
     if m.matched_up_to_ties:
         fields["matched"] += (" | " if m.matched else "") + "up to exact-tie flips: " + ", ".join(m.matched_up_to_ties)
+    if m.matched_up_to_division:
+        fields["matched"] += (" | " if m.matched or m.matched_up_to_ties else "") + "up to approximate-division flips: " + ", ".join(m.matched_up_to_division)
     if m.declined:
         fields["declined"] = " | ".join(m.declined)[:300]
     if m.errors:
@@ -121,6 +125,11 @@ def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approxi
         return SectionRow(rid, "pass", fields, repro,
                           f"{m.tie_flips(expected)} exact E2M1 ties rounded away from even (the kernel's approximate "
                           f"fp32 division); every other element matches {expected}")
+    if not ok and approximate_division and expected in m.matched_up_to_division:
+        return SectionRow(rid, "pass", fields, repro,
+                          f"{m.tie_flips(expected)} exact and {m.division_flips(expected)} near E2M1 ties (within "
+                          f"{APPROX_DIVISION_ULPS} fp32 ulps) rounded to the other side (the kernel's approximate fp32 "
+                          f"division); every other element matches {expected}")
     return SectionRow(rid, "pass" if ok else "fail", fields, repro, "" if ok else _first(m, expected))
 
 

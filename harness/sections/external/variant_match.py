@@ -15,6 +15,14 @@ round the other way.  Those mismatches are counted (``tie_flips``) and listed ap
 (``tie_offenders``, every one of them); a variant whose only mismatches are exact-tie flips is
 ``matched_up_to_ties``, never ``matched``.
 
+Near ties under an approximate division: a quotient within ``APPROX_DIVISION_ULPS`` fp32 ulps of the
+correctly rounded one can cross a rounding boundary whenever the reference's pre-rounding value lies
+that close to it, not only at exact ties.  ``division_flips`` counts the mismatches (exact ties
+apart) whose pre-rounding value is within that many ulps of a boundary *and* whose output is the
+other side's grid value (``ulp.other_side``, to 1 output ULP); any other mismatch stays one.  A
+variant whose every mismatch is an exact-tie or a division flip is ``matched_up_to_division``; only
+a backend that declares the format in ``approximate_division`` may pass on it (``section.variants_row``).
+
 Run it: ``python -m moe_fq_parity.harness.sections.external.variant_match --backend modelopt-eager --format fp8_e4m3``;
 ``--backend torchao`` runs every member of the family ``FAMILIES["torchao"]`` (its four MX scale
 modes and its NVFP4) on the same cases.
@@ -33,7 +41,7 @@ from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import backend_device
 from moe_fq_parity.harness.core.equality import MAX_OFFENDERS, offenders_at
 from moe_fq_parity.harness.core.records import Offender
-from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie
+from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, bits_equal, compare, near_tie, other_side, ulp_distance
 from moe_fq_parity.reports.schema import dumps
 
 from . import FAMILIES, probes
@@ -44,6 +52,12 @@ DEFAULT_CAP = MAX_OFFENDERS
 TIE_CAP = 1 << 16
 """Exact-tie flips listed per variant and case (all are counted): every one of them is the finding
 (the upstream kernel's deviation from IEEE), so this list is not capped like offenders are."""
+APPROX_DIVISION_ULPS = 2
+"""Error bound of an approximate fp32 division in ulps of the quotient: PTX's ``div.full.f32`` (what
+Triton's fp32 ``/`` compiles to on NVIDIA GPUs) is documented to 2 ulp over its full range.  With the
+reference's pre-rounding value ``p = RN(q)`` within 1/2 ulp of the exact quotient ``q`` and the
+kernel's ``q'`` within 2 ulp of ``q``, ``q'`` can reach a rounding boundary ``b`` only when ``p`` lies
+at most 2 ulps from ``b``."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,11 @@ class VariantResult:
     """Mismatches (of ``mismatches``) at elements whose pre-rounding value is an exact grid tie."""
     tie_offenders: tuple[Offender, ...] = field(default=())
     """Every tie flip (up to ``TIE_CAP``), in index order."""
+    division_flips: int = 0
+    """Mismatches (of ``mismatches``, exact-tie flips apart) within ``APPROX_DIVISION_ULPS`` of a
+    rounding boundary whose output is the other side's grid value (module docstring)."""
+    division_offenders: tuple[Offender, ...] = field(default=())
+    """Every division flip (up to ``TIE_CAP``), in index order."""
 
     @property
     def matches(self) -> bool:
@@ -127,6 +146,20 @@ class FormatMatch:
         return tuple(v for v in self.variant_names if v not in self.matched and self.mismatches(v) is not None
                      and self.mismatches(v) == self.tie_flips(v))
 
+    def division_flips(self, variant: str) -> Optional[int]:
+        """Of ``mismatches(variant)``, the near-tie flips an approximate division explains, exact ties
+        apart (``None`` if a case errored)."""
+        if self.errors:
+            return None
+        return sum(v.division_flips for c in self.cases for v in c.variants if v.variant == variant)
+
+    @property
+    def matched_up_to_division(self) -> tuple[str, ...]:
+        """Variants neither matched nor matched up to exact ties whose every mismatch is an exact-tie or
+        a division flip (``APPROX_DIVISION_ULPS``)."""
+        return tuple(v for v in self.variant_names if v not in self.matched and v not in self.matched_up_to_ties
+                     and self.mismatches(v) is not None and self.mismatches(v) == self.tie_flips(v) + self.division_flips(v))
+
     @property
     def numel(self) -> int:
         return sum(c.numel for c in self.cases)
@@ -141,6 +174,8 @@ class FormatMatch:
         d["matched_up_to_ties"] = list(self.matched_up_to_ties)
         d["totals"] = {v: self.mismatches(v) for v in self.variant_names}
         d["tie_flip_totals"] = {v: self.tie_flips(v) for v in self.variant_names}
+        d["matched_up_to_division"] = list(self.matched_up_to_division)
+        d["division_flip_totals"] = {v: self.division_flips(v) for v in self.variant_names}
         return d
 
 
@@ -193,17 +228,39 @@ def _offenders(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch
     return _offenders_at(case, idx, expected, got, pre, ulp, cls)
 
 
+def _listed(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, comp: Comparison, where: torch.Tensor,
+            cls: str) -> tuple[int, tuple[Offender, ...]]:
+    """The mismatches of ``comp`` selected by ``where`` (over ``comp.mismatch_index``): their count and
+    the first ``TIE_CAP`` of them as offenders of class ``cls``."""
+    k = torch.nonzero(where).reshape(-1)
+    sel = comp.mismatch_index[k][:TIE_CAP]
+    ulp = [int(u) for u in comp.mismatch_ulp[k][:TIE_CAP].tolist()]
+    return int(where.sum()), _offenders_at(case, sel, expected, got, pre, ulp, [cls] * sel.numel())
+
+
+def division_flip(pre: torch.Tensor, inputs: torch.Tensor, got: torch.Tensor, grid_round: Any) -> torch.Tensor:
+    """True where a mismatching element is what a quotient off by at most ``APPROX_DIVISION_ULPS``
+    gives: ``pre`` within that many fp32 ulps of a rounding boundary and ``got`` the other side's
+    output (``ulp.other_side``, to 1 output ULP).  Exact ties are counted by ``exact_tie``, not here."""
+    near = torch.isfinite(pre) & (inputs != 0) & near_tie(pre, grid_round, window=APPROX_DIVISION_ULPS) & ~exact_tie(pre, grid_round)
+    other = other_side(pre, inputs, grid_round, got.dtype, window=APPROX_DIVISION_ULPS)
+    close = torch.isfinite(other) & torch.isfinite(got)
+    dist = torch.where(close, ulp_distance(torch.where(close, other, torch.zeros_like(other)), torch.where(close, got, torch.zeros_like(got))),
+                       torch.full(got.shape, 2, dtype=torch.int64))
+    return near & close & (dist <= 1)
+
+
 def _tie_flips(case: Case, expected: torch.Tensor, got: torch.Tensor, pre: torch.Tensor, grid_round: Any,
-               comp: Comparison) -> tuple[int, tuple[Offender, ...]]:
-    """Value mismatches at exact ties: their count and the first ``TIE_CAP`` of them."""
+               comp: Comparison) -> tuple[tuple[int, tuple[Offender, ...]], tuple[int, tuple[Offender, ...]]]:
+    """Value mismatches at exact ties, and the division flips (``division_flip``): for each, their
+    count and the first ``TIE_CAP`` of them."""
     idx = comp.mismatch_index
     if idx.numel() == 0:
-        return 0, ()
+        return (0, ()), (0, ())
     at_tie = exact_tie(pre[idx], grid_round)
-    k = torch.nonzero(at_tie).reshape(-1)
-    sel = idx[k][:TIE_CAP]
-    ulp = [int(u) for u in comp.mismatch_ulp[k][:TIE_CAP].tolist()]
-    return int(at_tie.sum()), _offenders_at(case, sel, expected, got, pre, ulp, ["exact_tie"] * sel.numel())
+    by_division = division_flip(pre[idx], case.flat_input()[idx].float(), got.reshape(-1)[idx], grid_round)
+    return (_listed(case, expected, got, pre, comp, at_tie, "exact_tie"),
+            _listed(case, expected, got, pre, comp, by_division, "division_flip"))
 
 
 def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP, **options) -> CaseResult:
@@ -220,12 +277,12 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
         ties |= near_tie(pre, grid_round) & torch.isfinite(pre)
         comp = compare(expected, got, pre, grid_round)
         same = bits_equal(expected, got)
-        n_ties, tie_list = _tie_flips(case, expected, got, pre, grid_round, comp)
+        (n_ties, tie_list), (n_div, div_list) = _tie_flips(case, expected, got, pre, grid_round, comp)
         results.append(VariantResult(
             variant=v, numel=case.numel, mismatches=case.numel - comp.counts["exact"] + comp.signed_zero, counts=comp.counts, max_ulp=comp.max_ulp,
             bit_mismatches=int((~same).sum()), nan_bits=int((~same & torch.isnan(expected) & torch.isnan(got)).sum()),
             signed_zero=comp.signed_zero, offenders=_offenders(case, expected, got, pre, comp, cap),
-            tie_flips=n_ties, tie_offenders=tie_list,
+            tie_flips=n_ties, tie_offenders=tie_list, division_flips=n_div, division_offenders=div_list,
         ))
     return CaseResult(case.name, case.numel, int(ties.sum()), tuple(results))
 
@@ -254,6 +311,8 @@ def match_variants(
 def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
     """Human-readable lines: per case and variant, value mismatches (bit-level differences apart)."""
     up = f"; up to exact-tie flips: {', '.join(f'{v} ({m.tie_flips(v)} flips)' for v in m.matched_up_to_ties)}" if m.matched_up_to_ties else ""
+    up += (f"; up to approximate-division flips: {', '.join(f'{v} ({m.tie_flips(v)} exact-tie, {m.division_flips(v)} near-tie)' for v in m.matched_up_to_division)}"
+           if m.matched_up_to_division else "")
     lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'}{up} ({m.numel} elements, {m.near_tie} near ties)"]
     for c in m.cases:
         if c.error:
@@ -263,19 +322,23 @@ def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
             lines.append(f"  {c.case}: declined: {c.declined}")
             continue
         per = ", ".join(f"{v.variant}={v.mismatches} (max {v.max_ulp} ulp; bits {v.bit_mismatches}, nan-bits {v.nan_bits}, "
-                        f"-0 {v.signed_zero}, exact-tie flips {v.tie_flips})" for v in c.variants)
+                        f"-0 {v.signed_zero}, exact-tie flips {v.tie_flips}, division flips {v.division_flips})" for v in c.variants)
         lines.append(f"  {c.case} [{c.numel} el, {c.near_tie} near ties]: {per}")
         for v in c.variants:
             for o in v.offenders[:offenders]:
                 lines.append(f"    vs {v.variant}: expert {o.expert} [{o.row}, {o.col}] amax {o.amax_bits} x {o.input_bits} "
                              f"expected {o.expected_bits} got {o.got_bits} ({o.cls}, {o.ulp} ulp, pre_round {o.pre_round!r})")
+    def flips(variant: str, listed: Any) -> list[str]:
+        return [f"    {c.case} expert {o.expert} [{o.row}, {o.col}] ({o.cls}): amax {o.amax!r} x {o.input!r} ({o.input_bits}) "
+                f"|x|/scale = {abs(o.pre_round)!r} expected {o.expected!r} got {o.got!r}"
+                for c in m.cases for r in c.variants if r.variant == variant for o in listed(r)]
+
     for v in m.matched_up_to_ties:
         lines.append(f"  exact-tie flips vs {v} (IEEE rounds the tie to even; the backend went the other way):")
-        for c in m.cases:
-            for r in c.variants:
-                if r.variant == v:
-                    lines += [f"    {c.case} expert {o.expert} [{o.row}, {o.col}]: amax {o.amax!r} x {o.input!r} ({o.input_bits}) |x|/scale = {abs(o.pre_round)!r} "
-                              f"expected {o.expected!r} got {o.got!r}" for o in r.tie_offenders]
+        lines += flips(v, lambda r: r.tie_offenders)
+    for v in m.matched_up_to_division:
+        lines.append(f"  flips within {APPROX_DIVISION_ULPS} fp32 ulps of a rounding boundary vs {v} (an approximate division's quotient crossed it):")
+        lines += flips(v, lambda r: r.tie_offenders + r.division_offenders)
     return lines
 
 

@@ -1,0 +1,15 @@
+"""A section runner whose module declares ``host_only`` (``harness.sections._host_only``): it uses no
+GPU when the environment variable ``FAKE_HOST_ONLY`` is ``1``."""
+
+import os
+import time
+
+from moe_fq_parity.harness.sections import Section, SectionRow
+
+
+def host_only(device: str) -> bool:
+    return os.environ.get("FAKE_HOST_ONLY") == "1"
+
+
+def run(suite: str, seed: int, device: str) -> Section:
+    return Section("host", "fake host-only section", ["started"], [SectionRow("host/1", "pass", {"started": time.time()})])

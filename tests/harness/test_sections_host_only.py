@@ -1,0 +1,31 @@
+"""A section that declares it uses no GPU (``host_only``) starts beside a GPU run's cases, not after them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize("device, declared, early", [("cuda", "1", True), ("cuda", "0", False), ("cpu", "1", False)])
+def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatch, device, declared, early):
+    from moe_fq_parity.harness import sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:run" for k in "ab"})
+    monkeypatch.setenv("FAKE_HOST_ONLY", declared)
+    with sections.start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
+        time.sleep(8.0)  # the run's cases
+        go = time.time()
+        out = started.run()
+    starts = [s["rows"][0]["fields"]["started"] for s in out]
+    assert [s["verdict"] for s in out] == ["pass", "pass"]
+    assert all((t < go) == early for t in starts), (starts, go)
+
+
+def test_the_dist_section_is_host_only_on_cpu_and_with_fewer_than_two_gpus():
+    import torch
+
+    from moe_fq_parity.harness.sections.checkpoint.section import host_only
+
+    assert host_only("cpu")
+    assert host_only("cuda") == (torch.cuda.device_count() < 2)
