@@ -31,6 +31,7 @@ from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
 from moe_fq_parity.harness import sections as report_sections
+from moe_fq_parity.harness.sections.processes import start_sections
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 EXIT_USAGE = 2
@@ -337,7 +338,7 @@ def _run_locked(cfg: RunConfig) -> int:
     part = report_sections.Part(cfg.shard.index, cfg.shard.count) if cfg.shard is not None else None
     try:
         # The section processes start now and prepare (interpreter, imports) while the cases run.
-        with report_sections.start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
+        with start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
             writer.write_html()
             phases["_before_cases"] = time.perf_counter() - started_at
             _run_cases(cfg, writer, curve, phases)

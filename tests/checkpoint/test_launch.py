@@ -86,10 +86,11 @@ sys.path.insert(0, {repo!r})
 from moe_fq_parity.harness import sections
 from moe_fq_parity.harness.sections.checkpoint.launch import run_ranks
 from moe_fq_parity.harness.sections.checkpoint.layout import Layout
+from moe_fq_parity.harness.sections.processes import run_sections
 from tests.checkpoint.probes import stamp_job
 print("ranks", [r["rank"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))])
 sections.SECTION_RUNNERS.update({{"a": "tests.harness.fake_sections:passing", "b": "tests.harness.fake_sections:passing"}})
-print("sections", [s["verdict"] for s in sections.run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
+print("sections", [s["verdict"] for s in run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
 import __main__
 print("main", __main__.__file__)
 """

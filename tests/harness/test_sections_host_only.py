@@ -10,10 +10,11 @@ import pytest
 @pytest.mark.parametrize("device, declared, early", [("cuda", "1", True), ("cuda", "0", False), ("cpu", "1", False)])
 def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatch, device, declared, early):
     from moe_fq_parity.harness import sections
+    from moe_fq_parity.harness.sections.processes import start_sections
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:run" for k in "ab"})
     monkeypatch.setenv("FAKE_HOST_ONLY", declared)
-    with sections.start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
+    with start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
         time.sleep(8.0)  # the run's cases
         go = time.time()
         out = started.run()

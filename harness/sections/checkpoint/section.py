@@ -86,7 +86,7 @@ def engine_label(engine: str) -> str:
 
 
 def prepare() -> None:
-    """Before the section's turn (``harness.sections.start_sections``): start the ranks' fork server."""
+    """Before the section's turn (``harness.sections.processes.start_sections``): start the ranks' fork server."""
     start_fork_server()
 
 

@@ -19,7 +19,7 @@ For every backend of ``harness.backends.registry.BACKENDS`` that can run here, a
 A backend that cannot run here gives one ``skip`` row with its reason; a format it cannot run
 here, one ``skip`` row per format.
 
-``prepare()`` (called by ``harness.sections.start_sections`` in the section's own process while
+``prepare()`` (called by ``harness.sections.processes.start_sections`` in the section's own process while
 the run's cases still run) builds or loads Model-Optimizer's CUDA extensions there
 (``harness.backends.modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
 compiles them beside the cases instead of inside the section; the notes say, per extension,
