@@ -43,3 +43,8 @@ def expert_shapes(layout: str, n: int, shape: tuple[int, int], empty: int) -> li
             o, k = out, inn
         shapes.append((0 if i in empties else o, k))
     return shapes
+
+
+WIDE_ACCEPTANCE = (128, (1024, 2048))
+"""An acceptance case of the kernel benchmark: N=128 experts of ``[1024, 2048]`` bf16 (many small
+experts of a row length that tiles exactly)."""

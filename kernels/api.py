@@ -17,17 +17,15 @@ by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outp
 ``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
-(``launch.table_for``), so a repeated call (same weights, new amax values or not) skips the
+(``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
 per-expert validation and every host-to-device copy, and launches the compiled kernel directly.
-Shape/type errors are raised on the host whenever the table is new.  Measured on an H100 host
-(torch 2.11, Triton 3.6, two runs of 1,000 calls; ``docs/kernels_performance.md`` §2):
-``fake_quant_experts`` 32-60 µs median at N=4, 54-74 µs at N=8, 98-174 µs at N=32, 207-229 µs at
-N=128, checked or not (its flags go straight to mapped host memory, ``kernels/checks.py``); most of
-the growth with N is PyTorch creating the N output views and reading the N tensors' key
-attributes.  The stacked calls (``fake_quant``, ``ste_backward``) cache their launch plan on
-shape, dtype, device and options (``launch._stacked_plan``) and do no per-expert work on the host:
-17-67 µs median at every N from 4 to 128.  Repeated launches hand the compiled kernel's launcher
-raw device addresses (``launch._launch``).
+Shape/type errors are raised on the host whenever the table is new.  A checked call costs the
+host what an unchecked one does (its flags go straight to mapped host memory, ``kernels/checks.py``);
+most of the list calls' growth with N is PyTorch creating the N output views and reading the N
+tensors' key attributes.  The stacked calls (``fake_quant``, ``ste_backward``) cache their launch
+plan on shape, dtype, device and options (``launch._stacked_plan``) and do no per-expert work on
+the host.  Repeated launches hand the compiled kernel's launcher raw device addresses
+(``launch._launch``).  Measured host time per call: ``docs/kernels_performance.md`` sections 2 and 9.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from . import checks, env, launch
+from . import checks, env, launch, tables
 from .amax import amax_for_list, amax_for_rows, amax_for_stacked
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
@@ -110,9 +108,9 @@ def fake_quant_experts(
     if len(weights) == 0:
         split_expert_amax(weights, amax)  # the reference's rule: amax a tensor with one entry per expert (none)
         return []
-    table = launch.table_for(weights, validate=lambda: _validate_list(weights))
+    table = tables.table_for(weights, validate=lambda: _validate_list(weights))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
-    flat, outs = launch.alloc_outputs(table, weights[0].dtype, table.device)
+    flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
     if table.total or mode:
         launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
@@ -171,9 +169,9 @@ def ste_backward_experts(
 
 def _clipped_launch(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
     """The clipped-STE kernel over an expert list (validated on a table-cache miss); one launch."""
-    table = launch.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
+    table = tables.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
     a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
-    flat, outs = launch.alloc_outputs(table, grads[0].dtype, table.device)
+    flat, outs = tables.alloc_outputs(table, grads[0].dtype, table.device)
     if table.total:
         launch.bwd_list(table, weights, grads, flat, a)
     return outs

@@ -5,7 +5,7 @@ reference loop (the module adapter's soft gate); both give the same bits.  Backw
 ``pass_through`` returns the incoming gradients themselves (no launch, no copy); ``clipped`` zeroes
 where ``|w| > amax`` in one launch (or the reference loop).  amax gets no gradient.
 
-Both directions use the cached expert tables of ``launch.table_for`` and never synchronise with
+Both directions use the cached expert tables of ``tables.table_for`` and never synchronise with
 the device (value checks are the kernel's asynchronous ones, ``kernels/checks.py``), so a forward
 + backward can be captured in a CUDA graph once the tables exist (one eager step first).
 """
@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from . import checks, launch
+from . import checks, launch, tables
 from .amax import amax_for_rows
 from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec
 from .formats import FMT_NVFP4
@@ -43,9 +43,9 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             ctx.save_for_backward(amax, *weights)
         if use_kernel:
             spec = cached_spec(fmt, None, options)
-            table = launch.table_for(weights, validate=lambda: _validate_list(weights))
+            table = tables.table_for(weights, validate=lambda: _validate_list(weights))
             view = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
-            flat, outs = launch.alloc_outputs(table, weights[0].dtype, table.device)
+            flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
             if table.total or check:
                 launch.fwd_list(table, weights, flat, view, spec, check=check)
             return tuple(outs)

@@ -26,12 +26,9 @@ a checked call never returns finite numbers computed from bad input.
   stored it has run; any synchronisation the caller makes guarantees it), or by
   ``kernels.raise_pending_errors()`` (one sync).  Capturable in a CUDA graph (the buffer never
   moves; a replay that finds a bad value sets the same host flags).  Cost on valid input: the
-  flag stores are predicated off, nothing crosses PCIe.  Measured on one H100 (torch 2.11, Triton
-  3.6), in one process against the earlier design (device flags plus a ``non_blocking`` copy to the
-  host after each launch): checked calls at N=8 x [1856, 2688] bf16 went from 66-75% to 73-82% of
-  copy bandwidth (now equal to the unchecked call), at N=64 x [2688, 1024] from 89-90% to 91%; an
-  all-NaN NVFP4 input of 40 M elements (every element's flag store taken) took 0.28-0.29 ms either
-  way.  On CPU tensors (Triton's interpreter) there is nothing to wait for: the call raises itself.
+  flag stores are predicated off, nothing crosses PCIe (measured against the earlier design, device
+  flags plus a ``non_blocking`` copy to the host after each launch: ``docs/kernels_performance.md``
+  section 3).  On CPU tensors (Triton's interpreter) there is nothing to wait for: the call raises itself.
 * ``"sync"``: the call raises itself, after one device sync (not capturable): what a parity
   harness needs to compare rejections with the reference call by call.
 * ``False``: no flags, no NaN poisoning; bad values give the results documented in

@@ -66,8 +66,7 @@ _TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to her
 def _flag_each(flag_ptr, slot, bad):
     """Store 1 into ``flag[slot]`` from every true element of ``bad``: one predicated store per
     element (idempotent), no reduction.  Reducing ``bad`` first (``tl.max``) put a cross-warp
-    barrier in every tile: checked NVFP4 calls measured 82-91% of copy against 90-95% this way (one
-    H100, same process; ``docs/kernels_performance.md`` section 1)."""
+    barrier in every tile, measurably slower (``docs/kernels_performance.md`` section 1)."""
     tl.store(flag_ptr + slot + tl.zeros(bad.shape, tl.int32), tl.full(bad.shape, 1, tl.int32), mask=bad)
 
 
@@ -83,8 +82,8 @@ def _poisoned(s, a, zero, nan_all, CHECK: tl.constexpr):
     per channel: one per row), and the NaN pattern to write where the scaled input is NaN (``0``
     where the INT scales of a tiny amax write +0, ``zero``, unless the amax is bad).  Every element
     already tests its scaled input for NaN (NaN input gives the NaN pattern), so a bad amax costs
-    valid input no instruction per element: a select per element there cost the checked call 3-6
-    points of copy bandwidth on an H200, where INT and FP8 run at their arithmetic ceiling."""
+    valid input no instruction per element (a select per element there was measurably slower where
+    INT and FP8 run at their arithmetic ceiling: ``docs/kernels_performance.md`` section 9)."""
     if CHECK:
         bad = _bad_amax(a)
         s = tl.where(bad, float("nan"), s)

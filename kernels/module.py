@@ -16,23 +16,20 @@ kernel on every forward without a host sync (``check_values``, default ``True``;
 later call or ``kernels.raise_pending_errors()``; ``check_values="sync"`` raises in the forward
 itself (one device sync, not capturable in a CUDA graph).
 
-Host cost and CUDA graphs: the expert table is cached by ``launch.table_for``, and the forward and
+Host cost and CUDA graphs: the expert table is cached by ``tables.table_for``, and the forward and
 the clipped backward neither synchronise nor copy host memory to the device once the tables exist,
 so after one eager step a forward + backward can be captured in ``torch.cuda.CUDAGraph`` and
-replayed (bit-identical to eager: the same kernels on the same addresses; tested on an H100 for
-int8, fp8_e4m3 per channel and nvfp4 with bias and ragged splits).  Host time of the fake-quant
-forward (``quantized_weights()``, checks on) on an H100 host: 85 µs median at N=4, 192 µs at N=32,
-461 µs at N=128; its backward is dominated by the autograd engine (``docs/kernels_performance.md``).
+replayed (bit-identical to eager: the same kernels on the same addresses; ``docs/kernels_performance.md``
+section 4).  The backward's host time is dominated by the autograd engine; measured host time of
+the fake-quant forward (``quantized_weights()``) and backward: ``docs/kernels_performance.md`` section 2.
 
 Stacked weights (``stacked=True``).  One parameter ``weight`` ``[N, out, in]`` (and ``bias``
 ``[N, out]``) instead of N: the fake quant is one stacked call (``kernels.fake_quant``, one autograd
 node with one input), so its host cost does not grow with N the way a list's does (N output views,
-N table keys and an N-input autograd node cost more than 40 µs + 0.5 µs per expert from N = 64 on;
-``docs/kernels_performance.md``).  The state dict keeps the per-expert keys ``weight{i}`` /
+N table keys and an N-input autograd node; ``docs/kernels_performance.md`` section 2).  The state dict keeps the per-expert keys ``weight{i}`` /
 ``bias{i}`` (views of the rows), and ``load_state_dict`` takes them (or the stacked key), so either
-layout loads the other's checkpoints.  Same bits as the list layout.  Host time on an H100 host
-(median over 1,000 calls): forward 75 µs at N=4, 305 µs at N=128 (list layout: 92 and 1,058 µs);
-clipped backward 169-304 µs at every N (list layout: 214 µs at N=4, 2,663 µs at N=128).
+layout loads the other's checkpoints.  Same bits as the list layout.  Host time of both layouts,
+forward and clipped backward: ``docs/kernels_performance.md`` section 2.
 
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.

@@ -115,9 +115,8 @@ def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.cons
     output has its input's sign, so kernels pass ``input_bits & sign_mask``.  bf16: with
     ``HW_BF16`` (``env.hw_bf16_rne``: a GPU) the hardware conversion ``cvt.rn.bf16.f32``, else
     ``(b + 0x7FFF + lsb) >> 16`` on the fp32 bits; both round to nearest even and carry an overflow
-    into inf.  The hardware conversion is one instruction against five: on one H100 it moved NVFP4
-    from 84-85% to 86-87% of copy bandwidth at N=8 x Nano and from 94% to 97% at Ultra (INT and
-    FP8 unchanged; ``docs/kernels_performance.md`` section 7).  fp16: the fp32->fp16 conversion
+    into inf.  The hardware conversion is one instruction against five (its speed:
+    ``docs/kernels_performance.md`` section 7).  fp16: the fp32->fp16 conversion
     (RNE on both back ends).  The canonical NaN is ``0x7FFF`` (bf16, fp16) or ``0x7FFFFFFF``
     (fp32), as ``reference.rounding.to_output_dtype`` writes it.
     """

@@ -22,7 +22,7 @@ case "${1:-}" in
   tests)
     step "devices"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-    step "reference CPU vs CUDA bits"; run python3 -m moe_fq_parity.reference.device_parity --device cuda --json "$OUT/ref_parity.json"
+    step "reference CPU vs CUDA bits"; run python3 -m moe_fq_parity.harness.run.device_parity --device cuda --json "$OUT/ref_parity.json"
     step "pytest -m gpu"; run python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
         tests/reference tests/kernels tests/moe tests/external 2>&1 | tail -40
     ;;
@@ -36,7 +36,7 @@ case "${1:-}" in
     echo "modelopt wall time: $((SECONDS - start)) s"
     ;;
   extra)
-    step "kernel benchmark"; run python3 -m moe_fq_parity.kernels.bench --out "$OUT/bench"
+    step "kernel benchmark"; run python3 -m moe_fq_parity.benchmarks.bench --out "$OUT/bench"
     step "20 seeds x ci suite, triton"; run python3 -m moe_fq_parity.harness.sections.selftest.seeds --suite ci --backend triton --seeds 20 --json "$OUT/seeds.json"
     step "Hypothesis nightly profile"; run env HYPOTHESIS_PROFILE=nightly python3 -m pytest -q -p no:cacheprovider -m fuzz \
         tests/harness/test_fuzz.py --hypothesis-show-statistics 2>&1 | grep -E "passed|failed|examples|runtimes" | head -20

@@ -13,7 +13,7 @@ else:  # pragma: no cover - Python 3.10
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOPS = ("reference", "kernels", "cases", "reports", "harness")
+TOPS = ("reference", "kernels", "cases", "reports", "harness", "benchmarks")
 
 
 @pytest.mark.skipif(tomllib is None, reason="tomllib needs Python >= 3.11")

@@ -112,13 +112,13 @@ class TritonBackend:
 
     def timed_entries(self, weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: Optional[str] = None, *,
                       stacked: Optional[torch.Tensor] = None, **options) -> dict:  # fmt: skip
-        """Closures the ``perf`` check times (the quantities of ``kernels.bench``): ``default``, the
+        """Closures the ``perf`` check times (the quantities of ``benchmarks.bench``): ``default``, the
         public call as users make it (asynchronous checks); ``unchecked``, checks off; ``kernel``,
         the launch alone with its table prepared and outputs allocated once.  ``stacked``: time the
         one-tensor entry point on this ``[N, out, in]`` tensor instead of the expert list."""
         self._check_variant(fmt, variant)
         k = self._kernels
-        from moe_fq_parity.kernels import api, launch
+        from moe_fq_parity.kernels import api, launch, tables
         from moe_fq_parity.kernels.amax import amax_for_stacked
 
         spec = api.cached_spec(fmt, variant, options)
@@ -131,9 +131,9 @@ class TritonBackend:
                 "kernel": lambda: launch.fwd_stacked(stacked, out, view, spec, check=False),
             }
         ws = list(weights)
-        table = launch.table_for(ws, validate=lambda: None)
+        table = tables.table_for(ws, validate=lambda: None)
         view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=fmt == "nvfp4")
-        flat, _ = launch.alloc_outputs(table, ws[0].dtype, table.device)
+        flat, _ = tables.alloc_outputs(table, ws[0].dtype, table.device)
         return {
             "default": lambda: k.fake_quant_experts(ws, amax, fmt, variant, **options),
             "unchecked": lambda: k.fake_quant_experts(ws, amax, fmt, variant, check_values=False, **options),

@@ -2,13 +2,13 @@
 
 Timed only when the forward check passed (timing is separate from correctness); optional on CPU.
 A backend with ``timed_entries(weights, amax, fmt, **options)`` (the Triton kernel) reports the
-quantities of ``python -m moe_fq_parity.kernels.bench`` for the case: the public default call
+quantities of ``python -m moe_fq_parity.benchmarks.bench`` for the case: the public default call
 (``time_us``, ``pct_of_copy``), the kernel alone through a prepared launch (``kernel_us``), the
 public call with checks off (``unchecked_us``), host time per call (``host_us``) and the speedup
 over the per-expert eager loop (``loop_us``: the reference loop that built the case's expected
 outputs, timed then, so the baseline costs no extra call).
 
-Samples are queued back to back as ``kernels.bench`` times them (``harness.core.timing.time_call``),
+Samples are queued back to back as ``benchmarks.bench`` times them (``harness.core.timing.time_call``),
 so the public call's time is its device time wherever the host keeps ahead of the device.
 
 Every record also gives the call against a device copy of its size timed the same way

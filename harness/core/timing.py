@@ -110,3 +110,23 @@ def copy_us_at(curve: CopyCurve, nbytes: int) -> float:
             return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
     b, us = curve[-1]
     return us * nbytes / b
+
+
+def host_samples_us(fn: Callable[[], object], calls: int, *, before: Callable[[], object] = lambda: None,
+                    sync: Callable[[], None] | None = None) -> list[float]:  # fmt: skip
+    """Host time (us) of ``calls`` calls of ``fn``, each started with the device idle (``before()``
+    and a sync first, not timed), so the number is what the host spends issuing one call.  One
+    untimed call first; ``sync`` defaults to ``torch.cuda.synchronize``."""
+    sync = torch.cuda.synchronize if sync is None else sync
+    before()
+    fn()
+    sync()
+    out = []
+    for _ in range(calls):
+        before()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return out

@@ -14,7 +14,7 @@ import traceback
 from typing import Any, Callable, Iterable, Optional
 
 from moe_fq_parity.harness import sections as registry
-from moe_fq_parity.harness.core.processes import SIBLINGS_ENV, cpu_share, startable_main
+from moe_fq_parity.harness.core.processes import SIBLINGS_ENV, cpu_share, startable_main, usable_cpus
 from moe_fq_parity.harness.core.partition import Part
 from moe_fq_parity.harness.sections import Section, _single
 
@@ -77,7 +77,8 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
     """Body of a section's own process (``threads``: its share of the parent's PyTorch threads;
     ``siblings``: the other section processes running at once, ``processes.SIBLINGS_ENV``):
     prepares the section, waits for the parent's ``"go"`` (on a GPU run, not if the section is
-    ``_host_only``: it starts at once, beside the cases), then sends its JSON (or the exception's last
+    ``_host_only``: it starts at once, beside the cases, and counts half of the host's CPUs as taken
+    by them), then sends its JSON (or the exception's last
     line) through ``conn``.  The parent's end closing first (a run cut off before its sections)
     ends the process without running the section."""
     try:
@@ -85,10 +86,13 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
 
         import torch
 
+        early = device.startswith("cuda") and _host_only(target, device)
+        if early:  # beside the cases: their process builds inputs on the host's CPUs, leave it half
+            siblings += max(1, usable_cpus() // 2)
         os.environ[SIBLINGS_ENV] = str(siblings)  # before prepare(): a process server started there inherits it
         torch.set_num_threads(threads)
         _prepare(target)
-        if not (device.startswith("cuda") and _host_only(target, device)) and conn.recv() != "go":
+        if not early and conn.recv() != "go":
             return
         conn.send(("ok", _timed(name, target, suite, seed, device, part)))
     except EOFError:

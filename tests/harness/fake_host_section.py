@@ -13,3 +13,10 @@ def host_only(device: str) -> bool:
 
 def run(suite: str, seed: int, device: str) -> Section:
     return Section("host", "fake host-only section", ["started"], [SectionRow("host/1", "pass", {"started": time.time()})])
+
+
+def siblings(suite: str, seed: int, device: str) -> Section:
+    """Passes; its row says how many sibling CPUs its process counts as taken (``processes.siblings``)."""
+    from moe_fq_parity.harness.core.processes import siblings as taken
+
+    return Section("host", "fake host-only section", ["siblings"], [SectionRow("host/1", "pass", {"siblings": taken()})])

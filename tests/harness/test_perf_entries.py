@@ -1,4 +1,4 @@
-"""The perf check's timed quantities for the Triton backend (the ones ``kernels.bench`` reports) and
+"""The perf check's timed quantities for the Triton backend (the ones ``benchmarks.bench`` reports) and
 the report's bandwidth picture (% of copy vs bytes moved, one line per expert shape)."""
 
 from __future__ import annotations

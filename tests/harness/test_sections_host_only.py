@@ -30,3 +30,16 @@ def test_the_dist_section_is_host_only_on_cpu_and_with_fewer_than_two_gpus():
 
     assert host_only("cpu")
     assert host_only("cuda") == (torch.cuda.device_count() < 2)
+
+
+@pytest.mark.parametrize("device, declared", [("cuda", "1"), ("cuda", "0")])
+def test_a_section_beside_the_cases_leaves_them_half_of_the_cpus(monkeypatch, device, declared):
+    from moe_fq_parity.harness import sections
+    from moe_fq_parity.harness.core.processes import usable_cpus
+    from moe_fq_parity.harness.sections.processes import run_sections
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:siblings" for k in "ab"})
+    monkeypatch.setenv("FAKE_HOST_ONLY", declared)
+    out = run_sections("smoke", 1, device, ["a", "b"], parallel=True)
+    reserved = max(1, usable_cpus() // 2) if declared == "1" else 0
+    assert [s["rows"][0]["fields"]["siblings"] for s in out] == [1 + reserved] * 2

@@ -42,14 +42,14 @@ def test_clipped_stacked_matches_reference(gen: torch.Generator, device: str) ->
 
 
 def test_clipped_with_many_small_tiles(gen: torch.Generator, device: str) -> None:
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
 
     ws = [w.to(device) for w in expert_weights(gen, [(6, 50), (6, 17), (6, 0)], torch.bfloat16)]
     amax = amax_stack(ws, ["below", "odd", "max"], per_channel=True).to(device)
     grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16).to(device) for w in ws]
-    table = launch.expert_table(ws, grads)
-    flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    table = tables.expert_table(ws, grads)
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
     launch.bwd_list(table, ws, grads, flat, amax_for_list(amax, [6, 6, 6], ws[0].device, nvfp4=False),
                     config=launch.KernelConfig(32, 1, max_bc=16, tiles_per_program=3))  # fmt: skip
     assert_same_bits(outs, reference.ste_backward_experts(ws, amax, grads, "clipped"), ws, case="clipped/small_tiles")

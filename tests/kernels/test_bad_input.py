@@ -88,7 +88,7 @@ def test_value_errors_from_the_kernel_flags(check, device: str) -> None:
 def test_checked_outputs_are_nan_where_the_input_is_bad(device: str) -> None:
     """Never a silent wrong result: besides the error, a checked launch writes NaN wherever a bad
     value acts (whole expert for a bad amax, the element for unsigned negative input)."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
 
@@ -102,8 +102,8 @@ def test_checked_outputs_are_nan_where_the_input_is_bad(device: str) -> None:
         if fmt == "nvfp4":
             ws[1] = ws[1].abs()
         a = torch.tensor(amax, device=device)
-        table = launch.expert_table(ws)
-        flat, outs = launch.alloc_outputs(table, BF, ws[0].device)
+        table = tables.expert_table(ws)
+        flat, outs = tables.alloc_outputs(table, BF, ws[0].device)
         with pytest.raises(ValueError):
             launch.fwd_list(table, ws, flat, amax_for_list(a, [3, 3], ws[0].device, nvfp4=fmt == "nvfp4"), parse_spec(fmt, None, opts), check="sync")
         e, elem = bad

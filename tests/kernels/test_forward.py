@@ -181,14 +181,14 @@ def test_outputs_are_aligned_views_of_one_buffer(gen: torch.Generator, device: s
 def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
     """A 4x16 tile forces several row and column tiles per expert, partial tiles at both edges and
     programs looping over 3 tiles (the interpreter's default tile covers a whole small expert)."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
 
     ws = [w.to(device) for w in expert_weights(gen, [(9, 50), (5, 16), (0, 3), (3, 33)], torch.bfloat16, specials=fmt != "nvfp4")]
     amax = amax_stack(ws, ["below", "max", "zero", "odd"], per_channel=False).to(device)
-    table = launch.expert_table(ws)
-    flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    table = tables.expert_table(ws)
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
     view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
     small = launch.KernelConfig(64, 1, max_bc=16, tiles_per_program=3)  # several tiles per program, last one partial
     launch.fwd_list(table, ws, flat, view, parse_spec(fmt, None, {}), check=True, config=small)
@@ -199,14 +199,14 @@ def test_many_small_tiles(fmt: str, gen: torch.Generator, device: str) -> None:
 def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generator, device: str) -> None:
     """Global amax 1e-33 and data near 1e-38: ``ds8 * gd`` is an fp32 subnormal, where a
     flush-to-zero division would give FP32_MAX instead of ``RN(1/d)``; both reciprocal paths."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
 
     x = (torch.randn(4, 48, generator=gen) * 1e-38).to(torch.bfloat16).to(device)
     amax = torch.tensor([1e-33], device=device)
-    table = launch.expert_table([x])
-    flat, outs = launch.alloc_outputs(table, torch.bfloat16, x.device)
+    table = tables.expert_table([x])
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, x.device)
     cfg = launch.KernelConfig(4096, 4, nvfp4_int_recip=int_recip) if device == "cuda" else launch.KernelConfig(
         65536, 4, max_waste=float("inf"), max_bc=65536, nvfp4_int_recip=int_recip)  # fmt: skip
     launch.fwd_list(table, [x], flat, amax_for_list(amax, [4], x.device, nvfp4=True), parse_spec("nvfp4", None, {}), check=True, config=cfg)
@@ -220,14 +220,14 @@ def test_nvfp4_subnormal_block_scale_product(int_recip: bool, gen: torch.Generat
 def test_both_division_paths(fmt: str, gen: torch.Generator, device: str, int_div: bool) -> None:
     """Scales through ``tl.math.div_rn`` (``scalar_int_div=False``, ``nvfp4_int_recip=False``; the
     GPU default for the scales) and through the integer division (``True``, ``True``): same bits."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
 
     ws = [w.to(device) for w in expert_weights(gen, LIST_SHAPES, torch.bfloat16, specials=fmt != "nvfp4")]
     amax = amax_stack(ws, [AMAX_MODES[i % len(AMAX_MODES)] for i in range(len(ws))], per_channel=False).to(device)
-    table = launch.expert_table(ws)
-    flat, outs = launch.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    table = tables.expert_table(ws)
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
     base = launch.INTERPRETER_CONFIG if device == "cpu" else launch.FWD_CONFIG[parse_spec(fmt, None, {}).code]
     cfg = launch.KernelConfig(base.block, base.num_warps, base.max_waste, base.max_bc, nvfp4_int_recip=int_div, scalar_int_div=int_div)
     view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
@@ -262,7 +262,7 @@ def test_flat_view_of_narrow_rows(fmt: str, gen: torch.Generator, device: str) -
     """Per-expert amax: experts with narrow rows are tiled as their flat view ``[rows * cols / W,
     W]`` (``launch.tiling``), forward and clipped backward, with the reference's bits.  Per-channel
     amax, and NVFP4 rows that are not whole 16-element blocks, keep their rows."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import parse_spec
 
@@ -275,7 +275,7 @@ def test_flat_view_of_narrow_rows(fmt: str, gen: torch.Generator, device: str) -
     for shapes, per_channel, flat in cases:
         ws = [w.to(device) for w in expert_weights(gen, shapes, torch.bfloat16, specials=fmt != "nvfp4")]
         amax = amax_stack(ws, ["below", "max", "odd", "above"][: len(ws)], per_channel=per_channel).to(device)
-        table = launch.expert_table(ws)
+        table = tables.expert_table(ws)
         view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=fmt == "nvfp4")
         assert launch._fwd_plan(table, spec, torch.bfloat16, per_channel, True, None)[1]["FLAT"] is flat, (shapes, per_channel)
         got = kernels.fake_quant_experts(ws, amax, fmt)

@@ -241,7 +241,7 @@ def test_table_built_on_one_stream_serves_a_launch_on_another() -> None:
     before: no expert written)."""
     import time
 
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import tables
 
     g = torch.Generator(device="cuda").manual_seed(5)
     ws = [torch.randn(48, 320, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3)]
@@ -250,13 +250,13 @@ def test_table_built_on_one_stream_serves_a_launch_on_another() -> None:
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # compile, and leave an output block cached for the side stream
         kernels.fake_quant_experts(ws, amax, "int8")
-    launch.clear_table_cache()
+    tables.clear_table_cache()
     blank = torch.zeros(5 * len(ws), dtype=torch.int64, device="cuda")  # device block the table's copy reuses
     staging = torch.empty(5 * len(ws), dtype=torch.int64, pin_memory=True)  # pinned block it reuses (no new
     del blank, staging  # pinned allocation, which could wait for the device)
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # ~0.1 s on the current stream, queued ahead of the table's copy
-    launch.table_for(ws, validate=lambda: None)
+    tables.table_for(ws, validate=lambda: None)
     busy = torch.cuda.Event()
     busy.record()
     assert not busy.query(), "precondition: the table's copy must still be queued behind the sleep"
@@ -363,10 +363,10 @@ def test_repeated_list_calls_launch_directly_with_the_reference_bits(fmt: str) -
     addresses (``launch._launch``): new output buffers, new amax tensors (one off 16-byte alignment:
     its own fast-launch key), per-channel amax and every check mode keep the reference's bits,
     forward and clipped backward, and a bad amax found by a direct launch is still raised."""
-    from moe_fq_parity.kernels import launch
+    from moe_fq_parity.kernels import tables
 
     g = torch.Generator(device="cuda").manual_seed(12)
-    launch.clear_table_cache()
+    tables.clear_table_cache()
     ws = [torch.randn(rows, 96, device="cuda", generator=g).to(torch.bfloat16) for rows in (64, 64, 64)]
     grads = [torch.randn(w.shape, device="cuda", generator=g).to(torch.bfloat16) for w in ws]
     spare = torch.tensor([9.0, 0.5, 1.0, 2.0], device="cuda")
@@ -382,9 +382,9 @@ def test_repeated_list_calls_launch_directly_with_the_reference_bits(fmt: str) -
         for _ in range(2):
             got = kernels.ste_backward_experts(ws, amax, grads, "clipped")
             assert_same_bits(got, reference.ste_backward_experts(ws, amax, grads, "clipped"), case=f"{fmt}/list-direct/bwd")
-    tables = list(launch._TABLES.values())
-    assert len(tables) == 2, f"{len(tables)} tables for one expert list with and without gradients"
-    assert all(any(k[0] == "fast" for k in t.plans) for t in tables), "every table's launches took the direct launch"
+    cached = list(tables._TABLES.values())
+    assert len(cached) == 2, f"{len(cached)} tables for one expert list with and without gradients"
+    assert all(any(k[0] == "fast" for k in t.plans) for t in cached), "every table's launches took the direct launch"
     knobs = pytest.importorskip("triton").knobs
     seen: list = []
     chain = knobs.runtime.launch_enter_hook
@@ -408,7 +408,7 @@ def test_bf16_output_takes_the_hardware_conversion(fmt: str) -> None:
     """Where the GPU rounds fp32 -> bf16 in one instruction (``env.hw_bf16_rne``), the compiled
     forward kernel for bf16 experts uses it (``cvt.rn.bf16``), and fp16 experts do not get it; the
     output is the reference's either way (every bit pattern: ``test_forward.test_every_bf16_pattern``)."""
-    from moe_fq_parity.kernels import env, launch
+    from moe_fq_parity.kernels import env, launch, tables
     from moe_fq_parity.kernels.amax import amax_for_list
     from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
 
@@ -417,8 +417,8 @@ def test_bf16_output_takes_the_hardware_conversion(fmt: str) -> None:
     for dtype in (torch.bfloat16, torch.float16):
         ws = [torch.randn(64, 256, device="cuda", generator=g).to(dtype) for _ in range(2)]
         amax = torch.tensor([1.5, 2.5], device="cuda")
-        table = launch.expert_table(ws)
-        flat, outs = launch.alloc_outputs(table, dtype, ws[0].device)
+        table = tables.expert_table(ws)
+        flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
         view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
         compiled = launch.fwd_list(table, ws, flat, view, spec, check=False)
         want = env.hw_bf16_rne(ws[0].device) and dtype == torch.bfloat16

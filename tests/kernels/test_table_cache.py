@@ -8,7 +8,7 @@ import torch
 
 from moe_fq_parity import kernels
 from moe_fq_parity import reference
-from moe_fq_parity.kernels import launch
+from moe_fq_parity.kernels import launch, tables
 
 from .bitcheck import assert_same_bits
 
@@ -26,16 +26,16 @@ def _calls(ws, amax, fmt="int8", **opts):
 def test_repeated_call_reuses_the_table(gen: torch.Generator, device: str) -> None:
     ws = [torch.randn(4, 32, generator=gen).to(BF).to(device) for _ in range(3)]
     amax = torch.ones(3, device=device)
-    launch.clear_table_cache()
+    tables.clear_table_cache()
     _calls(ws, amax)
-    table = launch.table_for(ws, validate=lambda: pytest.fail("a repeated call must not validate again"))
+    table = tables.table_for(ws, validate=lambda: pytest.fail("a repeated call must not validate again"))
     _calls(list(ws), amax)  # a new list object holding the same tensors
-    assert launch.table_for(ws, validate=lambda: None) is table and len(launch._TABLES) == 1
+    assert tables.table_for(ws, validate=lambda: None) is table and len(tables._TABLES) == 1
 
 
 def test_a_stale_table_is_never_served(gen: torch.Generator, device: str) -> None:
     """Same list length each time, so only the key can tell the calls apart."""
-    launch.clear_table_cache()
+    tables.clear_table_cache()
     buf = torch.randn(4096, generator=gen).to(BF).to(device)
     a2 = torch.tensor([0.9, 2.0], device=device)
     base = [buf[:256].view(8, 32), buf[1024:1280].view(8, 32)]
@@ -62,7 +62,7 @@ def test_a_stale_table_is_never_served(gen: torch.Generator, device: str) -> Non
 
 def test_amax_changes_are_always_seen(gen: torch.Generator, device: str) -> None:
     """amax is not part of the table: in-place writes, a new tensor, another granularity."""
-    launch.clear_table_cache()
+    tables.clear_table_cache()
     ws = [torch.randn(6, 48, generator=gen).to(BF).to(device) for _ in range(3)]
     amax = torch.tensor([1.0, 2.0, 3.0], device=device)
     first = _calls(ws, amax)
@@ -81,11 +81,11 @@ def test_amax_changes_are_always_seen(gen: torch.Generator, device: str) -> None
 
 
 def test_cache_is_bounded() -> None:
-    launch.clear_table_cache()
-    ws = torch.zeros(launch.CACHE_SIZE + 8, 4, 16, dtype=BF)
-    for i in range(launch.CACHE_SIZE + 8):
-        launch.table_for([ws[i]], validate=lambda: None)
-    assert len(launch._TABLES) == launch.CACHE_SIZE
+    tables.clear_table_cache()
+    ws = torch.zeros(tables.CACHE_SIZE + 8, 4, 16, dtype=BF)
+    for i in range(tables.CACHE_SIZE + 8):
+        tables.table_for([ws[i]], validate=lambda: None)
+    assert len(tables._TABLES) == tables.CACHE_SIZE
 
 
 def _stacked_call(x, amax, fmt="int8"):

@@ -6,28 +6,18 @@ The shared vocabulary (check names, verdicts, histogram edges, ``overall_verdict
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.layers import package_imports, within
+
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
 def test_no_reports_module_imports_the_harness_in_its_source():
-    offenders = {p.name: sorted(m for m in _imports(p) if m.split(".")[:2] == ["moe_fq_parity", "harness"] or m.split(".")[0] == "harness")
-                 for p in sorted(REPORTS.rglob("*.py"))}
-    assert not {k: v for k, v in offenders.items() if v}, offenders
+    offenders = [str(i) for i in package_imports(REPORTS, "moe_fq_parity.reports") if within(i.module, ("moe_fq_parity.harness",))]
+    assert not offenders, offenders
 
 
 def test_importing_and_using_reports_loads_no_harness_module():

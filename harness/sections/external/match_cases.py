@@ -26,7 +26,8 @@
 * ``fp32``                 -- random fp32 inputs ``[256, 256]``, per-channel random amax: fp32
   outputs show every fp32 op-order difference that bf16 rounding hides (INT, FP8);
 * MX and other formats whose scales come from the data (``amax=None``; blocks of ``B`` along
-  in-features, ``B`` the format's tile size), ``mx_cases``:
+  in-features, ``B`` the format's tile size), ``mx_cases`` (the INT ones, ``int4_group``:
+  ``int_group_cases.int_group_cases``, finite groups):
 
   - ``blocks/all_bf16``: all 65,536 bf16 patterns in bit order, ``B`` to a block (blocks of
     denormals, of zeros, of Inf and of NaN included), then ``MX_SHUFFLES`` seeded permutations of them;
@@ -396,7 +397,10 @@ def build_cases(
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
     if not reference.format_spec(fmt).takes_amax:
-        return mx_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
+        from .int_group_cases import int_group_cases
+
+        block_cases = int_group_cases if reference.format_spec(fmt).is_int else mx_cases
+        return block_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
     block_scaled = reference.format_spec(fmt).block is not None
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
     if block_scaled:

@@ -68,6 +68,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("te", "nvfp4"): "te_qdq",
     ("torchao", "nvfp4"): "torchao",
     **{("modelopt-mx", f): "modelopt" for f in ("mxfp8", "mxfp4")},
+    ("modelopt-int4-block", "int4_group"): "eager",
     **{(f"torchao-{m}" if m != "floor" else "torchao", f): f"torchao_{m}" for m in ("floor", "ceil", "even") for f in ("mxfp8", "mxfp4")},
     **{("torchao-rceil", f): "torchao_rceil" for f in ("mxfp8", "mxfp4")},
 }

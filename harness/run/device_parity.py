@@ -1,4 +1,4 @@
-"""Is the reference bit-identical on CPU and on another device?  ``python -m moe_fq_parity.reference.device_parity``.
+"""Is the reference bit-identical on CPU and on another device?  ``python -m moe_fq_parity.harness.run.device_parity``.
 
 Runs every format and variant over every bf16 bit pattern (for a sweep of amax values, per tensor)
 and over seeded random stacked weights (per expert and per channel, fp16/fp32 too) on the CPU and on
@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from .api import fake_quant_traced, variants
-from .formats import FORMATS, format_spec
+from moe_fq_parity.reference.api import fake_quant_traced, variants
+from moe_fq_parity.reference.formats import FORMATS, format_spec
+from moe_fq_parity.reports.schema import dumps  # strict JSON (non-finite floats as strings)
 
 AMAX_SWEEP = (1.0, 0.75, 3.1415927, 448.0, 1e-3, 2.0**-20, 6.1e-5, 1e4, 0.7, 1.3, 123.0, 2.0**-25, 0.0)
 
@@ -88,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['format']:10} {r['variant']:16} {r['elements']:>10} {r['output_bits_differ']:>10} {r['pre_round_differ']:>10}  {r['first_failing_input']}")
     if args.json:
-        from moe_fq_parity.reports.schema import dumps  # strict JSON (non-finite floats as strings)
-
         with open(args.json, "w") as f:
             f.write(dumps({"device": args.device, "torch": torch.__version__, "rows": rows}))
     return 0 if all(r["output_bits_differ"] == 0 and r["pre_round_differ"] == 0 for r in rows) else 1

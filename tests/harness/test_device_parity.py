@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.reference.device_parity import compare_devices
+from moe_fq_parity.harness.run.device_parity import compare_devices
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -17,7 +17,7 @@ def test_reference_cpu_and_cuda_bits_identical():
 
 def test_device_parity_detects_a_difference(monkeypatch):
     """Self-check of the comparison itself: a 'device' whose result differs must be reported."""
-    from moe_fq_parity.reference import device_parity as dp
+    from moe_fq_parity.harness.run import device_parity as dp
 
     real = dp.fake_quant_traced
 

@@ -1,0 +1,58 @@
+"""What the benchmark times: model shapes (from ``cases/shapes.py``), expert counts, the order of
+the cases, the formats timed through the eager loop, and the seeded expert weights."""
+
+from __future__ import annotations
+
+import torch
+
+from moe_fq_parity.cases.shapes import N_VALUES, NEMOTRON, ULTRA_PRODUCTION, WIDE_ACCEPTANCE
+from moe_fq_parity.kernels.formats import FORMATS, parse_spec
+
+SHAPES: dict[str, tuple[int, int]] = {f"{model}_fc1": NEMOTRON[model]["fc1"] for model in ("nano", "super", "ultra")}
+"""The timed routed-expert shapes (fc1 of Nemotron 3 Nano / Super / Ultra)."""
+EXPERT_COUNTS: tuple[int, ...] = N_VALUES
+PRODUCTION: tuple[str, int, tuple[int, int]] = ("ultra_prod", *ULTRA_PRODUCTION)
+"""``(name, N, shape)`` of the Ultra production case."""
+WIDE: tuple[str, int, tuple[int, int]] = (f"wide_{WIDE_ACCEPTANCE[1][0]}x{WIDE_ACCEPTANCE[1][1]}", *WIDE_ACCEPTANCE)
+
+FIRST = (("ultra_prod", 32), ("wide_1024x2048", 128), ("super_fc1", 64), ("nano_fc1", 8))
+"""Timed first (partial results are written after every case): the production case and the
+acceptance cases N=128 x [1024, 2048], N=64 x Super fc1, N=8 x Nano fc1."""
+
+
+def _first_per_code() -> tuple[str, ...]:
+    """One format per kernel code (INT, FP8, NVFP4; the first listed): the eager baselines and the
+    sweep's tile kinds (INT4 runs INT8's code path)."""
+    first: dict[int, str] = {}
+    for f in FORMATS:
+        first.setdefault(parse_spec(f, None, {}).code, f)
+    return tuple(first.values())
+
+
+EAGER_FORMATS = _first_per_code()
+
+
+def kind_of(fmt: str) -> str:
+    """The ``EAGER_FORMATS`` entry sharing ``fmt``'s kernel code (the key of the tuned configs)."""
+    code = parse_spec(fmt, None, {}).code
+    return next(f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code)
+
+
+def case_list(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
+    """``(name, N, shape)`` of every case, the ``FIRST`` ones first; ``quick``: Ultra fc1 at N in
+    {4, 32, 128} plus the wide and production cases."""
+    counts = (4, 32, 128) if quick else EXPERT_COUNTS
+    shapes = {"ultra_fc1": SHAPES["ultra_fc1"]} if quick else SHAPES
+    cases = [(f"{name}/N{n}", n, shape) for name, shape in shapes.items() for n in counts]
+    cases += [(f"{WIDE[0]}/N{WIDE[1]}", WIDE[1], WIDE[2]), (f"{PRODUCTION[0]}/N{PRODUCTION[1]}", PRODUCTION[1], PRODUCTION[2])]
+    first = [c for key in FIRST for c in cases if c[0] == f"{key[0]}/N{key[1]}"]
+    return first + [c for c in cases if c not in first]
+
+
+def make_experts(n: int, shape: tuple[int, int], seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """N bf16 experts with per-expert scales (so per-expert amax differ) and amax = 0.9 max|w|."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scales = torch.logspace(-2, 0, max(n, 1), device="cuda")
+    ws = [(torch.randn(shape, device="cuda", generator=g) * scales[i]).to(torch.bfloat16) for i in range(n)]
+    amax = torch.stack([w.float().abs().amax() for w in ws]) * 0.9
+    return ws, amax

@@ -1,0 +1,34 @@
+"""The printed case table: one row per case, per format kernel / public default / public unchecked
+as % of copy bandwidth, the same-size copy, host us and the speedup over the eager loop."""
+
+from __future__ import annotations
+
+from moe_fq_parity.kernels.formats import FORMATS
+
+from .measure import CaseResult
+
+
+KEYS = (*FORMATS, "bwd_clipped")
+TABLE_HEAD = (f"{'case':20s} {'MB':>6s} " + " ".join(f"{k[:9]:>17s}" for k in KEYS) + f" {'same-size copy':>14s}"
+              + f"  {'host us (' + '/'.join(k[:4] for k in KEYS) + ')':>34s}  {'x loop (fp8/bwd)':>16s}")  # fmt: skip
+TABLE_NOTE = ("per format: kernel / public default / public unchecked, % of copy bandwidth; same-size copy: a copy of the "
+              "forward / backward bytes timed as the public call, % of copy")  # fmt: skip
+
+
+def table_row(r: CaseResult) -> str:
+    def cell(k: str) -> str:
+        vals = (r.pct_copy.get(k), r.pct_public.get(k), r.pct_unchecked.get(k))
+        return "/".join("-" if v is None else f"{v:.0f}" for v in vals)
+
+    host = "/".join(f"{r.host_us[k]:.0f}" if k in r.host_us else "-" for k in KEYS)
+    sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in ("fp8_e4m3", "bwd_clipped"))
+    same = "/".join(f"{r.pct_copy_same[k]:.0f}" if k in r.pct_copy_same else "-" for k in ("fwd", "bwd"))
+    return f"{r.case:20s} {r.bytes_fwd / 1e6:6.0f} " + " ".join(f"{cell(k):>17s}" for k in KEYS) + f" {same:>14s}  {host:>34s}  {sp:>16s}"
+
+
+def print_table(results: list[CaseResult], copy_gbps: float) -> None:
+    print(f"\ncopy bandwidth {copy_gbps:.0f} GB/s (read + write); {TABLE_NOTE}; host us of one default call; "
+          "speedup of the default call vs the per-expert eager loop")  # fmt: skip
+    print(TABLE_HEAD)
+    for r in results:
+        print(table_row(r))
