@@ -2,7 +2,7 @@
 
 Names: the built-ins (``reference``, ``triton``, ``eager-loop``) and the external implementations
 judged against the reference (``modelopt``, ``modelopt-eager``, ``te``, ``te-current``;
-``harness.sections.external.BACKENDS``).  Every place that takes a backend (``run --backend``,
+``harness.backends.registry``).  Every place that takes a backend (``run --backend``,
 ``selftest --backend``, ``variant_match --backend``, pytest ``--parity-backend``) resolves it here.
 
 ``load(spec)`` returns a ``LoadedBackend`` saying whether it can run here and, when not, the exact
@@ -18,12 +18,12 @@ from typing import Callable, Iterable, Optional
 
 from moe_fq_parity.harness.core.contract import backend_available, backend_device, check_backend
 from moe_fq_parity.harness.core.guard import BuiltState, building
-from moe_fq_parity.harness.sections.external import BACKENDS as EXTERNAL
-from moe_fq_parity.harness.sections.external import INSTALL_HINTS as _EXTERNAL_HINTS
 
 from .eager_loop import EagerLoopBackend
 from .external import BackendLoadError, load_external
 from .reference_backend import ReferenceBackend
+from .registry import BACKENDS as EXTERNAL
+from .registry import INSTALL_HINTS as _EXTERNAL_HINTS
 from .triton_backend import TritonBackend
 
 BUILTINS: dict[str, Callable[[], object]] = {

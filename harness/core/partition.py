@@ -7,10 +7,14 @@ lowest part).  The result depends only on the weights and the order keys, so eve
 computes it for the same items gets the same partition.  Its largest part exceeds the smallest by at
 most the largest weight.  Weights are >= 0; parts beyond the number of items are empty, and memory
 and time are O(items x min(count, items)) whatever ``count`` is.
+
+``Part(index, count)`` names one part (1-based): a shard of a run (``harness.run.shard``), a part of
+a split report section (``harness.sections``); ``Part.owned`` says which items are its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 
@@ -32,3 +36,24 @@ def balance(weights: Sequence[float], count: int, order: Optional[Sequence[Any]]
         load[best] += weights[k]
         out[k] = best + 1
     return out
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` (1-based) of ``count``; ``ValueError`` unless ``1 <= index <= count``.
+    ``str`` gives ``"index/count"``."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= self.count:
+            raise ValueError(f"part {self.index}/{self.count}: expected 1 <= index <= count")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def owned(self, weights: Sequence[float], order: Optional[Sequence[Any]] = None) -> list[bool]:
+        """Which of the items of these weights (in their unsplit order) are this part's (``balance``
+        with the same ``order`` keys: every part computes the same partition)."""
+        return [p == self.index for p in balance(weights, self.count, order)]

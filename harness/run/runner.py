@@ -33,6 +33,7 @@ from .chunks import PHASES, case_chunks, check_chunks, in_check_order  # noqa: F
 from .diff import diff_reports, format_diff
 from .isolation import NotIsolatable, WorkerSettings, done_with, isolatable, supervisor as get_supervisor
 from .shard import Shard, sections_of_shard, shard_meta
+from moe_fq_parity.harness.sections.processes import start_sections
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 EXIT_USAGE = 2
@@ -247,7 +248,7 @@ def _run_locked(cfg: RunConfig) -> int:
     part = report_sections.Part(cfg.shard.index, cfg.shard.count) if cfg.shard is not None else None
     try:
         # The section processes start now and prepare (interpreter, imports) while the cases run.
-        with report_sections.start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
+        with start_sections(cfg.suite, cfg.seed, str(device), names, part=part) as started:
             writer.write_html()
             phases["_before_cases"] = time.perf_counter() - started_at
             _run_cases(cfg, writer, curve, phases)

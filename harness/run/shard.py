@@ -18,26 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from moe_fq_parity.cases import Case
-from moe_fq_parity.harness.core.memory import case_bytes
-from moe_fq_parity.harness.core.partition import balance
 from moe_fq_parity.harness import sections as report_sections
+from moe_fq_parity.harness.core.memory import case_bytes
+from moe_fq_parity.harness.core.partition import Part, balance
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard ``index`` (1-based) of ``count``."""
-
-    index: int
-    count: int
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
+Shard = Part
+"""Shard ``index`` (1-based) of ``count``: a part of the run (``harness.core.partition.Part``); a split
+section's part in this shard is the same ``Part``."""
 
 
 def parse_shard(text: str) -> Shard:

@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from moe_fq_parity.cases.catalogue import parse_suite
+
 
 def device(text: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N`` that exists here (the CUDA device count is read without
@@ -75,8 +77,6 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 def suite(text: str) -> str:
     """A suite name (``cases.SUITE_NAMES``)."""
-    from moe_fq_parity.cases.catalogue import parse_suite
-
     try:
         return parse_suite(text).value
     except ValueError as exc:

@@ -19,7 +19,7 @@ TEST_SIZES = {"n_ties": 40, "n_split": 1}
 @pytest.fixture(scope="session")
 def modelopt_eager():
     """The ``modelopt-eager`` backend, or a skip naming why it cannot run."""
-    from moe_fq_parity.harness.sections.external.modelopt_backend import modelopt_eager
+    from moe_fq_parity.harness.backends.modelopt_backend import modelopt_eager
 
     ok, why = modelopt_eager.available()
     if not ok:

@@ -21,7 +21,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.harness.core.contract import check_backend
 from moe_fq_parity.harness.sections.external.checks import calibration_rows, ste_rows
-from moe_fq_parity.harness.sections.external.modelopt_backend import modelopt
+from moe_fq_parity.harness.backends.modelopt_backend import modelopt
 from moe_fq_parity.harness.sections.external.variant_match import match_variants
 from moe_fq_parity.reference.constants import E4M3_MAX, TINY_AMAX
 

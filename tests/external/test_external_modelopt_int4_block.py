@@ -16,7 +16,7 @@ from moe_fq_parity import reference
 from moe_fq_parity.harness.backends import load
 from moe_fq_parity.harness.checks.plan import not_applicable
 from moe_fq_parity.harness.core.contract import declaration_problems
-from moe_fq_parity.harness.sections.external import BACKENDS, INSTALL_HINTS
+from moe_fq_parity.harness.backends.registry import BACKENDS, INSTALL_HINTS
 from moe_fq_parity.harness.sections.external.int_group_cases import PARTIAL_WIDTHS, int_group_cases
 from moe_fq_parity.harness.sections.external.section import EXPECTED
 from moe_fq_parity.harness.sections.external.variant_match import main, match_variants
@@ -90,7 +90,7 @@ def test_nonfinite_is_refused_as_upstream_refuses(backend, special):
     from modelopt.torch.quantization.config import QuantizerAttributeConfig
     from modelopt.torch.quantization.nn import TensorQuantizer
 
-    from moe_fq_parity.harness.sections.external.modelopt_int4_block import preset_weight_config
+    from moe_fq_parity.harness.backends.modelopt_int4_block import preset_weight_config
 
     import modelopt.torch.quantization as mtq
 

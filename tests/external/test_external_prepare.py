@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from moe_fq_parity.harness import sections
-from moe_fq_parity.harness.sections.external import modelopt_backend as mb
+from moe_fq_parity.harness.sections.processes import _prepare
+from moe_fq_parity.harness.backends import modelopt_backend as mb
 from moe_fq_parity.harness.sections.external import section
 
 
@@ -55,7 +56,7 @@ def fake_modelopt(monkeypatch, tmp_path):
 
 
 def test_prepare_builds_both_extensions_once_without_cuda(fake_modelopt, capsys, monkeypatch):
-    sections._prepare(sections.SECTION_RUNNERS["external"])  # the plumbing start_sections runs in the section process
+    _prepare(sections.SECTION_RUNNERS["external"])  # the plumbing start_sections runs in the section process
     assert [c[0] for c in fake_modelopt] == ["modelopt_cuda_ext", "modelopt_cuda_ext_fp8"]
     assert all(arch == "9.0" and not initialised for _, arch, initialised in fake_modelopt)
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import torch
 
 from moe_fq_parity import reference
 from moe_fq_parity.harness.sections.external import section
-from moe_fq_parity.harness.sections.external.modelopt_backend import ModeloptBackend
+from moe_fq_parity.harness.backends.modelopt_backend import ModeloptBackend
 from moe_fq_parity.harness.sections import SECTION_RUNNERS
 
 EAGER_FP8 = ModeloptBackend("eager")
@@ -28,8 +28,8 @@ def test_the_runner_is_registered():
 
 
 def test_backends_that_cannot_run_are_skipped_with_their_reason(monkeypatch, tiny_suite):
-    monkeypatch.setattr(section, "BACKENDS", {"modelopt": "moe_fq_parity.harness.sections.external.modelopt_backend:modelopt",
-                                              "te": "moe_fq_parity.harness.sections.external.te_backend:te"})
+    monkeypatch.setattr(section, "BACKENDS", {"modelopt": "moe_fq_parity.harness.backends.modelopt_backend:modelopt",
+                                              "te": "moe_fq_parity.harness.backends.te_backend:te"})
     s = section.run(tiny_suite, 0, "cuda" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():
         pytest.skip("this test pins the CPU-only behaviour")

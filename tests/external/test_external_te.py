@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moe_fq_parity.harness.core.contract import check_backend
-from moe_fq_parity.harness.sections.external.te_backend import _require_calibrated, te, te_current
+from moe_fq_parity.harness.backends.te_backend import _require_calibrated, te, te_current
 
 
 def test_te_backends_meet_the_contract():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from moe_fq_parity import reference
-from moe_fq_parity.harness.sections.external import BACKENDS, FAMILIES, INSTALL_HINTS, torchao_backend
+from moe_fq_parity.harness.backends import torchao_backend
+from moe_fq_parity.harness.backends.registry import BACKENDS, FAMILIES, INSTALL_HINTS
 from moe_fq_parity.harness.sections.external.match_cases import build_cases
 from moe_fq_parity.harness.sections.external.variant_match import main, match_variants
 
@@ -139,7 +140,7 @@ def test_modelopt_mx_is_the_modelopt_rule(fmt, mx_cases):
     """Model-Optimizer's ``MXFP8QTensor`` and ``MXFP4QTensor`` are the ``modelopt`` variant bit for bit
     (MXFP4: E2M1 ties toward zero, ``+0`` written as ``-0``, an Inf/NaN block all ``-0``); for MXFP4
     the round-to-even variants with the same scale code differ on exact ties and zeros."""
-    from moe_fq_parity.harness.sections.external.modelopt_mx_backend import modelopt_mx
+    from moe_fq_parity.harness.backends.modelopt_mx_backend import modelopt_mx
 
     ok, why = modelopt_mx.available()
     if not ok:

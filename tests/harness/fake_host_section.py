@@ -1,4 +1,4 @@
-"""A section runner whose module declares ``host_only`` (``harness.sections._host_only``): it uses no
+"""A section runner whose module declares ``host_only`` (``harness.sections.processes._host_only``): it uses no
 GPU when the environment variable ``FAKE_HOST_ONLY`` is ``1``."""
 
 import os

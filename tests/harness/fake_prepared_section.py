@@ -1,4 +1,4 @@
-"""A section runner whose module has a ``prepare()`` (``harness.sections.start_sections``)."""
+"""A section runner whose module has a ``prepare()`` (``harness.sections.processes.start_sections``)."""
 
 import os
 import time

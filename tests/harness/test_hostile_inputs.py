@@ -115,7 +115,7 @@ for name, f in cases.items():
     (["--save", "tp2"], "layout id must look like"),
 ])
 def test_dist_cli_rejects_bad_arguments_before_running(args, words, capsys):
-    from moe_fq_parity.harness.sections.dist.__main__ import main as dist_main
+    from moe_fq_parity.harness.sections.checkpoint.__main__ import main as dist_main
 
     with pytest.raises(SystemExit) as exc:
         dist_main(args)
@@ -126,8 +126,8 @@ def test_dist_cli_rejects_bad_arguments_before_running(args, words, capsys):
 def test_dist_cli_unavailable_engine_exits_2(capsys, monkeypatch):
     import sys
 
-    from moe_fq_parity.harness.sections.dist.__main__ import main as dist_main
-    from moe_fq_parity.harness.sections.dist.engines import ENGINES
+    from moe_fq_parity.harness.sections.checkpoint.__main__ import main as dist_main
+    from moe_fq_parity.harness.sections.checkpoint.engines import ENGINES
 
     # Make Megatron-Core unimportable whether or not the `megatron` extra is installed here.
     monkeypatch.setitem(sys.modules, "megatron", None)

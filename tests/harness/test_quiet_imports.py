@@ -1,4 +1,4 @@
-"""Third-party import warnings stay out of our output, and only those (``_imports.quiet_import``)."""
+"""Third-party import warnings stay out of our output, and only those (``quiet_imports.quiet_import``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_fq_parity.harness.sections.external._imports import try_import
+from moe_fq_parity.harness.backends.quiet_imports import try_import
 
 from tests.extras import importable
 
@@ -48,7 +48,7 @@ def test_list_prints_its_table_and_no_third_party_warnings():
 
 
 def test_an_upstream_call_hides_that_package_s_warnings_only(tmp_path, monkeypatch):
-    from moe_fq_parity.harness.sections.external._imports import quiet_upstream
+    from moe_fq_parity.harness.backends.quiet_imports import quiet_upstream
 
     (tmp_path / "noisy_upstream_pkg.py").write_text(
         "import warnings\ndef load():\n    warnings.warn('load_state_dict is deprecated', FutureWarning)\n    return 1\n")
@@ -70,7 +70,7 @@ def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
     imports Megatron-Core and loads through it) printed 22 warning lines before, none now (a whole
     smoke ``run`` printed 87 and 162).  Cost: about 5 s of CPU, 10-60 s wall."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
-    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--save", "tp1ep2", "--load", "tp2ep1",
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.checkpoint", "--save", "tp1ep2", "--load", "tp2ep1",
                            "--engine", "megatron"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Warning" not in proc.stderr, proc.stderr[-3000:]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from moe_fq_parity.harness.core.records import CheckRecord, Offender
-from moe_fq_parity.harness.sections import run_section
+from moe_fq_parity.harness.sections.processes import run_section
 from moe_fq_parity.reports.html import render_html
 from moe_fq_parity.reports.render import find_browser, screenshot
 from moe_fq_parity.reports.schema import validate

@@ -1,16 +1,20 @@
 """The sections' ``python -m`` entry points on bad arguments or a missing device: one-line usage
-errors (exit 2) before any work starts, never a traceback."""
+errors (exit 2) before any work starts, never a traceback.  And how the section and backend modules
+behind them import each other: no import loop (a function-local import counts), backends below
+sections."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from moe_fq_parity.harness.sections import cli_args
-from moe_fq_parity.harness.sections.dist import __main__ as dist_main
+from moe_fq_parity.harness.sections.checkpoint import __main__ as dist_main
 from moe_fq_parity.harness.sections.external import variant_match
 from moe_fq_parity.harness.sections.moe import __main__ as moe_main
 from moe_fq_parity.harness.sections.selftest import seeds
@@ -104,8 +108,77 @@ def test_dist_cuda_without_enough_gpus(capsys, monkeypatch, gpus, argv, match):
 def test_dist_cuda_on_a_host_without_gpus_end_to_end(tmp_path):
     """The command as a user types it, no GPU visible: one line on stderr, exit 2, nothing run."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.dist", "--device", "cuda"],
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.checkpoint", "--device", "cuda"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert proc.stderr.strip().splitlines()[-1].startswith("python -m moe_fq_parity.harness.sections.dist: error: --device cuda: layout")
+    assert proc.stderr.strip().splitlines()[-1].startswith("python -m moe_fq_parity.harness.sections.checkpoint: error: --device cuda: layout")
+
+
+# --- how the modules import each other ----------------------------------------------------------
+
+HARNESS = Path(__file__).resolve().parents[2] / "harness"
+
+
+def _module_imports(root: Path) -> dict[str, set[str]]:
+    """``moe_fq_parity.harness.*`` module -> the harness modules it imports anywhere in its body
+    (top level or inside a function), relative imports resolved; ``from pkg import mod`` names the
+    submodule when there is one."""
+    files = {"moe_fq_parity." + ".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+                target = ".".join(x for x in (base, node.module or "") if x)
+                subs = {f"{target}.{a.name}" for a in node.names} & files.keys()
+                deps |= subs or ({target} & files.keys())
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names} & files.keys()
+        graph[mod] = deps - {mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]], within: str) -> list[str]:
+    """Every import cycle among the modules under ``within`` (one line per cycle found by a depth-first walk)."""
+    nodes = {m for m in graph if m == within or m.startswith(within + ".")}
+    found: set[str] = set()
+
+    def visit(mod: str, path: tuple[str, ...]) -> None:
+        for dep in sorted(graph[mod] & nodes):
+            if dep in path:
+                found.add(" -> ".join(path[path.index(dep):] + (dep,)))
+            elif len(path) < len(nodes):
+                visit(dep, path + (dep,))
+
+    for mod in sorted(nodes):
+        visit(mod, (mod,))
+    return sorted(found)
+
+
+def test_section_modules_import_in_no_loop():
+    assert _cycles(_module_imports(HARNESS), "moe_fq_parity.harness.sections") == []
+
+
+def test_backends_do_not_import_the_sections():
+    graph = _module_imports(HARNESS)
+    up = {m: sorted(d for d in deps if d.startswith("moe_fq_parity.harness.sections")) for m, deps in graph.items()
+          if m.startswith("moe_fq_parity.harness.backends")}
+    assert {m: d for m, d in up.items() if d} == {}
+
+
+def test_the_import_check_sees_a_loop_through_a_function_local_import(tmp_path):
+    pkg = tmp_path / "harness" / "sections"
+    pkg.mkdir(parents=True)
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from moe_fq_parity.harness.sections import a\n")
+    graph = _module_imports(tmp_path / "harness")
+    assert _cycles(graph, "moe_fq_parity.harness.sections") == ["moe_fq_parity.harness.sections.a -> moe_fq_parity.harness.sections.b -> "
+                                                                 "moe_fq_parity.harness.sections.a",
+                                                                 "moe_fq_parity.harness.sections.b -> moe_fq_parity.harness.sections.a -> "
+                                                                 "moe_fq_parity.harness.sections.b"]

@@ -10,10 +10,11 @@ import pytest
 @pytest.mark.parametrize("device, declared, early", [("cuda", "1", True), ("cuda", "0", False), ("cpu", "1", False)])
 def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatch, device, declared, early):
     from moe_fq_parity.harness import sections
+    from moe_fq_parity.harness.sections.processes import start_sections
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:run" for k in "ab"})
     monkeypatch.setenv("FAKE_HOST_ONLY", declared)
-    with sections.start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
+    with start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
         time.sleep(8.0)  # the run's cases
         go = time.time()
         out = started.run()
@@ -25,7 +26,7 @@ def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatc
 def test_the_dist_section_is_host_only_on_cpu_and_with_fewer_than_two_gpus():
     import torch
 
-    from moe_fq_parity.harness.sections.dist.section import host_only
+    from moe_fq_parity.harness.sections.checkpoint.section import host_only
 
     assert host_only("cpu")
     assert host_only("cuda") == (torch.cuda.device_count() < 2)
@@ -35,9 +36,10 @@ def test_the_dist_section_is_host_only_on_cpu_and_with_fewer_than_two_gpus():
 def test_a_section_beside_the_cases_leaves_them_half_of_the_cpus(monkeypatch, device, declared):
     from moe_fq_parity.harness import sections
     from moe_fq_parity.harness.core.processes import usable_cpus
+    from moe_fq_parity.harness.sections.processes import run_sections
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:siblings" for k in "ab"})
     monkeypatch.setenv("FAKE_HOST_ONLY", declared)
-    out = sections.run_sections("smoke", 1, device, ["a", "b"], parallel=True)
+    out = run_sections("smoke", 1, device, ["a", "b"], parallel=True)
     reserved = max(1, usable_cpus() // 2) if declared == "1" else 0
     assert [s["rows"][0]["fields"]["siblings"] for s in out] == [1 + reserved] * 2

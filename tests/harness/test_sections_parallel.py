@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_fq_parity.harness.sections import run_sections
+from moe_fq_parity.harness.sections.processes import run_sections, start_sections
 
 
 def test_sections_run_at_once_in_their_own_processes_and_come_back_in_order(monkeypatch):
@@ -75,7 +75,7 @@ def test_sections_started_ahead_prepare_while_the_caller_goes_on(monkeypatch, tm
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_prepared_section:run" for k in "ab"})
     monkeypatch.setenv(fake.MARKER_ENV, str(tmp_path / "prepared"))
-    with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
+    with start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
         procs = [p for _, p in started._procs.values()]
         deadline = time.time() + 60
         while len(glob.glob(str(tmp_path / "prepared.*"))) < 2:  # the caller's own work; run() not called yet
@@ -96,7 +96,7 @@ def test_sections_closed_before_their_turn_end_without_running(monkeypatch, tmp_
     from moe_fq_parity.harness import sections
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:sleepy" for k in "ab"})
-    started = sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)
+    started = start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)
     procs = [p for _, p in started._procs.values()]
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     started.close()
@@ -115,12 +115,12 @@ def test_the_caller_leaves_a_thread_per_preparing_section_and_gets_them_back(mon
     before = torch.get_num_threads()
     torch.set_num_threads(8)
     try:
-        with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
+        with start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
             assert torch.get_num_threads() == 6
             out = started.run()
             assert torch.get_num_threads() == 8
         assert [s["rows"][0]["fields"]["threads"] for s in out] == [4, 4]
-        with sections.start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True):
+        with start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True):
             assert torch.get_num_threads() == 6
         assert torch.get_num_threads() == 8
     finally:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from moe_fq_parity.harness.core import processes
+from moe_fq_parity.harness.sections.processes import run_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +106,7 @@ def test_section_processes_running_at_once_leave_each_other_a_cpu(monkeypatch) -
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:cpus" for k in "abc"})
     monkeypatch.delenv(processes.SIBLINGS_ENV, raising=False)
-    out = sections.run_sections("smoke", 1, "cpu", list("abc"), parallel=True)
+    out = run_sections("smoke", 1, "cpu", list("abc"), parallel=True)
     assert [s["rows"][0]["fields"]["cpu_share"] for s in out] == [max(1, processes.cpu_share() - 2)] * 3
 
 
@@ -115,11 +116,11 @@ def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch) -
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_sections:sleepy", "b": "tests.harness.fake_sections:sleepy"})
     monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
     monkeypatch.setenv(processes.SHARE_ENV, "16")  # 2 CPUs of 32 for this process: below PARALLEL_MIN_CPUS
-    out = sections.run_sections("smoke", 1, "cpu", ["a", "b"])
+    out = run_sections("smoke", 1, "cpu", ["a", "b"])
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert a1 <= b0
     monkeypatch.setenv(processes.SHARE_ENV, "4")  # 8 CPUs: at once
-    out = sections.run_sections("smoke", 1, "cpu", ["a", "b"])
+    out = run_sections("smoke", 1, "cpu", ["a", "b"])
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert max(a0, b0) < min(a1, b1)
 

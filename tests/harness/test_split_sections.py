@@ -166,7 +166,7 @@ def test_the_dist_matrix_split_in_two_merges_into_the_unsplit_one(tmp_path, monk
     part 1 (which saves the first layout) alone runs the controls on that layout's checkpoints."""
     from dataclasses import replace
 
-    from moe_fq_parity.harness.sections.dist import section as dist
+    from moe_fq_parity.harness.sections.checkpoint import section as dist
 
     small = dist.plan_for("smoke", 11, "cpu")
     monkeypatch.setattr(dist, "plan_for", lambda suite, seed, device: replace(small, qf_ids=("nvfp4/static",)))
@@ -186,8 +186,8 @@ def test_a_dist_load_layout_that_failed_is_reported_by_every_part(tmp_path, monk
     prefixed with the part), keyed with that part's first save layout: merged, none is lost."""
     from dataclasses import replace
 
-    from moe_fq_parity.harness.sections.dist import matrix, section as dist
-    from moe_fq_parity.harness.sections.dist.launch import RankFailure
+    from moe_fq_parity.harness.sections.checkpoint import matrix, section as dist
+    from moe_fq_parity.harness.sections.checkpoint.launch import RankFailure
 
     real = matrix.run_layouts
 
@@ -209,8 +209,8 @@ def test_a_part_that_saved_nothing_keys_its_failed_loads_apart_from_the_others(t
     save layout's key, so merging the parts finds no overlap."""
     from dataclasses import replace
 
-    from moe_fq_parity.harness.sections.dist import matrix, section as dist
-    from moe_fq_parity.harness.sections.dist.launch import RankFailure
+    from moe_fq_parity.harness.sections.checkpoint import matrix, section as dist
+    from moe_fq_parity.harness.sections.checkpoint.launch import RankFailure
 
     real = matrix.run_layouts
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from moe_fq_parity.harness.sections.moe import checks_te_roles as ct
 from moe_fq_parity.harness.sections.moe import te_roles as tr
 from moe_fq_parity.harness.sections.moe.roles import Role
 from moe_fq_parity.harness.sections.moe.te_roles import QuantizerRole as R
@@ -108,12 +109,12 @@ def test_report_row_passes_and_fails_when_a_gemm_loses_its_weight_quantizer(monk
 
     def verdicts():
         sink = RowSink("t", "smoke", 0, "cpu")
-        tr.te_role_rows(bench, sink)
+        ct.te_role_rows(bench, sink)
         return [(r.fields["check"], r.verdict) for r in sink.rows]
 
     assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "pass")]
-    monkeypatch.setattr(tr, "num_quantizers", lambda kind, fwd, n=1: 3 * (n - 1))
+    monkeypatch.setattr(ct, "num_quantizers", lambda kind, fwd, n=1: 3 * (n - 1))
     assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "fail")]
     monkeypatch.undo()
-    monkeypatch.setattr(tr, "current_scaling_factory", lambda role: tr.QuantizerSpec("current_scaling", "e4m3", reference=("fp8_e4m3", "eager")))
+    monkeypatch.setattr(ct, "current_scaling_factory", lambda role: tr.QuantizerSpec("current_scaling", "e4m3", reference=("fp8_e4m3", "eager")))
     assert verdicts() == [("te_roles/grouped_linear_weight_per_gemm", "fail")]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from moe_fq_parity import reference
 
 from . import probes
-from .match_cases import Case, _blocks_below, _neighbours
+from .case_parts import Case, blocks_below, neighbours
 
 PARTIAL_WIDTHS = (1, 5, 127, 129, 200, 255, 257, 300)
 """``groups/partial``: in-features of its experts (4 rows each)."""
@@ -63,7 +63,7 @@ def _boundary_amax(dtype: torch.dtype, qmax: float) -> torch.Tensor:
     e = torch.arange(lo, 128, dtype=torch.float64)
     edges = torch.cat([2.0**e, qmax * 2.0**e])
     edges = edges[(edges < torch.finfo(dtype).max) & (edges >= 2.0**lo)]
-    return _neighbours(edges.to(torch.float32), dtype)
+    return neighbours(edges.to(torch.float32), dtype)
 
 
 def _ties(group: int, qmax: float) -> torch.Tensor:
@@ -80,8 +80,8 @@ def _special(group: int, qmax: float, gen: torch.Generator) -> torch.Tensor:
     sub = probes.all_bf16(finite_only=True)
     sub = sub[(sub.to(torch.float32).abs() < 2.0**-126) & (sub.to(torch.float32) != 0)]
     sub = torch.cat([sub, sub.new_zeros((-sub.numel()) % group)]).reshape(-1, group)
-    tiny = _blocks_below(torch.exp2(torch.arange(-133, -115, dtype=torch.float32)), group, torch.bfloat16, gen)
-    top = _blocks_below(torch.tensor([float(torch.finfo(torch.bfloat16).max)]), group, torch.bfloat16, gen)
+    tiny = blocks_below(torch.exp2(torch.arange(-133, -115, dtype=torch.float32)), group, torch.bfloat16, gen)
+    top = blocks_below(torch.tensor([float(torch.finfo(torch.bfloat16).max)]), group, torch.bfloat16, gen)
     return torch.cat([torch.stack([zero, -zero, mixed]), sub, tiny, top, _ties(group, qmax)])
 
 
@@ -113,7 +113,7 @@ def int_group_cases(fmt: str, *, seed: int = 0, shuffles: int = 7, random_blocks
     perms = [every] + [every[torch.randperm(every.numel(), generator=gen)] for _ in range(shuffles)]
     cases = [make_group_case("groups/all_bf16", [p.reshape(-1, 2 * group) for p in perms], group)]
     for dtype, name in ((torch.bfloat16, "groups/boundaries"), (torch.float32, "groups/boundaries_fp32")):
-        rows = _blocks_below(_boundary_amax(dtype, qmax), group, dtype, gen)
+        rows = blocks_below(_boundary_amax(dtype, qmax), group, dtype, gen)
         cases.append(make_group_case(name, [_rows(rows, group)], group))
     cases.append(make_group_case("groups/special", [_special(group, qmax, gen)], group))
     for dtype, name in ((torch.bfloat16, "groups/partial"), (torch.float32, "groups/partial_fp32")):

@@ -52,8 +52,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -63,6 +61,8 @@ from moe_fq_parity.reference.constants import E2M1_GRID, NVFP4_BLOCK, NVFP4_GLOB
 from moe_fq_parity.reference.nvfp4 import static_block_scales
 
 from . import probes
+from .case_parts import Case, blocks_below, make_block_case, make_case, neighbours
+from .int_group_cases import int_group_cases
 
 NVFP4_WINDOW = 256.0
 """``blocks`` case: finite bf16 values with ``|x| <= 256`` (2**8)."""
@@ -90,79 +90,13 @@ TE_DEQUANT_AMAX_ODD = (21, 63, 147, 189)
 """``te_dequant``: odd multiples of 21 = 2688 / 2**7 (``c 2**k``, 5-8 significant bits: bf16 values)."""
 
 
-@dataclass(frozen=True)
-class Case:
-    """Inputs of one comparison, all on the CPU."""
-
-    name: str
-    weights: list[torch.Tensor]
-    amax: Optional[torch.Tensor]
-    """``[N]`` per expert or ``[N, out]`` per channel, as the backend contract takes it; ``None`` for
-    a format whose scales come from the data."""
-    stacked: Optional[torch.Tensor]
-    """The same data as one tensor the reference evaluates at once, or ``None`` (then the
-    reference runs expert by expert)."""
-    stacked_amax: Optional[torch.Tensor]
-    elem_amax: torch.Tensor
-    """fp32 amax of every element (its block's amax where scales come from the data), in the flat order of ``torch.cat([w.reshape(-1) for w in weights])``."""
-
-    @property
-    def numel(self) -> int:
-        return sum(w.numel() for w in self.weights)
-
-    def flat_input(self) -> torch.Tensor:
-        return torch.cat([w.reshape(-1) for w in self.weights])
-
-
-def make_case(name: str, weights: list[torch.Tensor], amax: torch.Tensor,
-              stacked: Optional[torch.Tensor] = None, stacked_amax: Optional[torch.Tensor] = None) -> Case:
-    """A ``Case`` with its per-element amax filled in."""
-    per = reference.split_expert_amax(weights, amax)
-    elem = torch.cat([torch.broadcast_to(a.reshape(-1, 1) if a.dim() else a, w.shape).reshape(-1) for w, a in zip(weights, per)])
-    return Case(name, weights, amax, stacked, stacked_amax, elem.to(torch.float32))
-
-
-def make_block_case(name: str, weights: list[torch.Tensor], block: int) -> Case:
-    """A case of a format whose scales come from the data (``amax=None``): ``elem_amax`` is each
-    element's block amax (``max |x|`` over its ``block`` along the last dim), what the offenders show."""
-    elem = []
-    for w in weights:
-        rows = w.to(torch.float32).reshape(-1, block)
-        elem.append(rows.abs().amax(dim=1, keepdim=True).expand(-1, block).reshape(-1))
-    return Case(name, weights, None, None, None, torch.cat(elem))
-
-
-def _blocks_below(amax: torch.Tensor, block: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """``[len(amax), block]`` of ``dtype``: row ``i`` has ``+-amax[i]`` at a random position and
-    random values of magnitude below it elsewhere (each the amax times ``U[0, 1)``, rounded toward
-    zero to ``dtype`` so none exceeds it)."""
-    n = amax.numel()
-    a = amax.to(torch.float32).reshape(-1, 1)
-    fill = (a * torch.rand(n, block, generator=gen)) * torch.where(torch.rand(n, block, generator=gen) < 0.5, -1.0, 1.0)
-    if dtype == torch.bfloat16:
-        fill = (fill.view(torch.int32) & ~0xFFFF).view(torch.float32)  # truncation: |fill| stays <= amax
-    where = torch.randint(0, block, (n,), generator=gen)
-    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
-    fill[torch.arange(n), where] = a.reshape(-1) * sign
-    return fill.to(dtype)
-
-
-def _neighbours(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``v`` (exact in ``dtype``) and its next values down and up in ``dtype``, finite and > 0."""
-    v = v.to(dtype)
-    it = torch.int16 if dtype == torch.bfloat16 else torch.int32
-    bits = v.view(it)
-    out = torch.cat([v, (bits - 1).view(dtype), (bits + 1).view(dtype)]).to(torch.float32)
-    return out[torch.isfinite(out) & (out > 0)].unique()
-
-
 def _boundary_amax(dtype: torch.dtype, elem_max: float, mbits: int) -> torch.Tensor:
     """Every binade's scale boundaries (see the module docstring) and their neighbours in ``dtype``."""
     lo = -133 if dtype == torch.bfloat16 else -149
     e = torch.arange(lo, 128, dtype=torch.float64)
     edges = torch.cat([2.0**e, elem_max * 2.0**e, (2 - 2.0**-mbits) * 2.0**e])
     edges = edges[(edges < torch.finfo(dtype).max) & (edges >= 2.0**lo)]
-    return _neighbours(edges.to(torch.float32), dtype)
+    return neighbours(edges.to(torch.float32), dtype)
 
 
 def mx_cases(fmt: str, *, seed: int = 0, shuffles: int = MX_SHUFFLES, random_blocks: int = MX_RANDOM_BLOCKS) -> list[Case]:
@@ -178,7 +112,7 @@ def mx_cases(fmt: str, *, seed: int = 0, shuffles: int = MX_SHUFFLES, random_blo
     cases = [make_block_case("blocks/all_bf16", [p.reshape(-1, 256) for p in perms], block)]
     for dtype, name in ((torch.bfloat16, "blocks/boundaries"), (torch.float32, "blocks/boundaries_fp32")):
         amax = _boundary_amax(dtype, elem_max, mbits)
-        rows = _blocks_below(amax, block, dtype, gen)
+        rows = blocks_below(amax, block, dtype, gen)
         cases.append(make_block_case(name, [rows.reshape(-1, 8 * block) if rows.shape[0] % 8 == 0 else rows.reshape(-1, block)], block))
     cases.append(make_block_case("blocks/special", [_special_blocks(block, gen)], block))
     for dtype, name in ((torch.bfloat16, "blocks/random"), (torch.float32, "blocks/random_fp32")):
@@ -191,7 +125,7 @@ def mx_cases(fmt: str, *, seed: int = 0, shuffles: int = MX_SHUFFLES, random_blo
 def _special_blocks(block: int, gen: torch.Generator) -> torch.Tensor:
     """``blocks/special`` rows (bf16): see the module docstring."""
     inf, nan = float("inf"), float("nan")
-    base = _blocks_below(torch.tensor([1.0, 448.0, 2.0**-120, 3.0e38]), block, torch.bfloat16, gen)
+    base = blocks_below(torch.tensor([1.0, 448.0, 2.0**-120, 3.0e38]), block, torch.bfloat16, gen)
     rows = [torch.zeros(block, dtype=torch.bfloat16), torch.full((block,), -0.0, dtype=torch.bfloat16),
             torch.full((block,), inf, dtype=torch.bfloat16), torch.full((block,), -inf, dtype=torch.bfloat16)]
     for r in base:
@@ -203,7 +137,7 @@ def _special_blocks(block: int, gen: torch.Generator) -> torch.Tensor:
     sub = probes.all_bf16(finite_only=True)
     sub = sub[(sub.to(torch.float32).abs() < 2.0**-126) & (sub.to(torch.float32) != 0)]
     sub = torch.cat([sub, sub.new_zeros((-sub.numel()) % block)])
-    tiny = _blocks_below(torch.exp2(torch.arange(-133, -115, dtype=torch.float32)), block, torch.bfloat16, gen)
+    tiny = blocks_below(torch.exp2(torch.arange(-133, -115, dtype=torch.float32)), block, torch.bfloat16, gen)
     return torch.cat([torch.stack(rows), sub.reshape(-1, block), tiny])
 
 
@@ -354,7 +288,7 @@ def calibrated_case(fmt: str, *, seed: int = 0, n_split: int = 4, **options) -> 
     cf = cand.to(torch.float32)
     cand = cand[(cf >= 2.0**-8) & (cf <= 2.0**8)]
     cand = cand[torch.randperm(cand.numel(), generator=gen)[:256]]
-    if fmt == "nvfp4":
+    if reference.format_spec(fmt).block is not None:  # two-level block scales: any amax splits the variants' block scales
         picked = cand[:n_split]
     else:
         col, a = cand.reshape(-1, 1), cand.to(torch.float32)
@@ -397,16 +331,15 @@ def build_cases(
     * ``options``: format options, as the reference takes them (they decide the splits).
     """
     if not reference.format_spec(fmt).takes_amax:
-        from .int_group_cases import int_group_cases
-
         block_cases = int_group_cases if reference.format_spec(fmt).is_int else mx_cases
         return block_cases(fmt, seed=seed, shuffles=mx_shuffles, random_blocks=mx_random_blocks)
+    block_scaled = reference.format_spec(fmt).block is not None
     calibrated = [calibrated_case(fmt, seed=seed, n_split=n_split, **options), calibrated_tiny_case()]
-    if fmt == "nvfp4":
+    if block_scaled:
         calibrated.append(nvfp4_te_dequant_case(seed=seed))
     if calibrated_only:
         return calibrated
-    if fmt == "nvfp4":
+    if block_scaled:
         return [nvfp4_blocks_case(), nvfp4_scale_pairs_case(seed=seed), nvfp4_ties_case(), *calibrated]
     ties = probes.near_ties(fmt, n_ties, seed=seed)
     return [all_bf16_case(fmt, ties, n_split, **options), *near_tie_cases(ties), fp32_case(fmt, seed=seed), *calibrated]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from moe_fq_parity.harness.backends import BackendLoadError, load
+
 
 def resolve(spec: str) -> object:
     """The backend object named by ``spec``; ``ValueError`` for a malformed, unknown or unbuildable one."""
-    from moe_fq_parity.harness.backends import BackendLoadError, load
-
     try:
         lb = load(spec)
     except BackendLoadError as exc:
@@ -22,8 +22,6 @@ def resolve(spec: str) -> object:
 
 def load_backend(spec: str) -> tuple[Optional[object], str]:
     """``(backend, "")`` when it can run here, else ``(None, reason)`` (the reason names what to install)."""
-    from moe_fq_parity.harness.backends import BackendLoadError, load
-
     try:
         lb = load(spec)
     except BackendLoadError as exc:

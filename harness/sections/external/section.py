@@ -1,6 +1,6 @@
 """Report section ``external``: which reference variant each external backend matches, per format.
 
-For every backend of ``harness.external.BACKENDS`` that can run here, and every format it runs:
+For every backend of ``harness.backends.registry.BACKENDS`` that can run here, and every format it runs:
 
 * a ``variants`` row per format (INT: wide and narrow range): the reference variants it matches
   bit for bit, the mismatch count against each, and the variant it is expected to match
@@ -19,9 +19,9 @@ For every backend of ``harness.external.BACKENDS`` that can run here, and every 
 A backend that cannot run here gives one ``skip`` row with its reason; a format it cannot run
 here, one ``skip`` row per format.
 
-``prepare()`` (called by ``harness.sections.start_sections`` in the section's own process while
+``prepare()`` (called by ``harness.sections.processes.start_sections`` in the section's own process while
 the run's cases still run) builds or loads Model-Optimizer's CUDA extensions there
-(``modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
+(``harness.backends.modelopt_backend.prepare_extensions``, without initialising CUDA), so a first run on a host
 compiles them beside the cases instead of inside the section; the notes say, per extension,
 whether it was compiled or loaded, in which phase and how long it took.
 """
@@ -34,18 +34,19 @@ from typing import Any, Optional
 import torch
 
 from moe_fq_parity import reference
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.harness.backends.modelopt_backend import BUILDS, modelopt_version, prepare_extensions
+from moe_fq_parity.harness.backends.registry import BACKENDS
+from moe_fq_parity.harness.backends.te_backend import te_version
+from moe_fq_parity.harness.backends.torchao_backend import torchao_version
+from moe_fq_parity.harness.core.contract import backend_available
+from moe_fq_parity.harness.core.repro import variant_match_command
+from moe_fq_parity.harness.sections import Section, SectionRow
 
-from . import BACKENDS
 from .checks import calibration_rows, clip_rule_row, ste_rows
 from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
-from .modelopt_backend import BUILDS, modelopt_version, prepare_extensions
 from .registry import resolve
-from .te_backend import te_version
-from .torchao_backend import torchao_version
 from .variant_match import APPROX_DIVISION_ULPS, FormatMatch, match_variants
-from moe_fq_parity.harness.core.contract import backend_available
-from moe_fq_parity.cases.catalogue import parse_suite, suite_table
-from moe_fq_parity.harness.sections import Section, SectionRow
 
 SUITE_SIZES: dict[str, dict[str, int]] = suite_table({
     "smoke": {"n_ties": 40, "n_split": 2, "mx_shuffles": 0, "mx_random_blocks": 512},
@@ -89,11 +90,8 @@ def _options(fmt: str) -> list[dict[str, Any]]:
 
 
 def _repro(name: str, fmt: str, seed: int, sizes: dict[str, int], options: dict[str, Any]) -> str:
-    narrow = " --narrow-range" if options.get("narrow_range") else ""
-    mx = "" if reference.format_spec(fmt).takes_amax else (
-        f" --mx-shuffles {sizes.get('mx_shuffles', MX_SHUFFLES)} --mx-random-blocks {sizes.get('mx_random_blocks', MX_RANDOM_BLOCKS)}")
-    return (f"python -m moe_fq_parity.harness.sections.external.variant_match --backend {name} --format {fmt} --seed {seed} "
-            f"--n-ties {sizes['n_ties']} --n-split {sizes['n_split']}{narrow}{mx}")
+    mx = None if reference.format_spec(fmt).takes_amax else (sizes.get("mx_shuffles", MX_SHUFFLES), sizes.get("mx_random_blocks", MX_RANDOM_BLOCKS))
+    return variant_match_command(name, fmt, seed, sizes["n_ties"], sizes["n_split"], narrow_range=bool(options.get("narrow_range")), mx_sizes=mx)
 
 
 def variants_row(m: FormatMatch, expected: Optional[str], repro: str, *, approximate_division: bool = False,

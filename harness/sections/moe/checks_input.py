@@ -26,9 +26,11 @@ import torch
 
 from moe_fq_parity import reference
 
+from moe_fq_parity.harness.core.equality import bit_diff
+
 from .bench import INPUT_AMAX_CLASS, INPUT_MODELS, Bench
 from .checks_weight import ROUTINGS
-from .compare import RowSink, bit_diff, count_distinct, elementwise_max, short
+from .compare import RowSink, count_distinct, elementwise_max, short
 from .layers import split_tokens
 from .roles import Role
 
@@ -62,13 +64,13 @@ def input_rows(bench: Bench, sink: RowSink) -> None:
         sink.add_diff(role, "amax/per_expert_eq_reference", bit_diff(ref + ref, got, label="expert (sequential, then grouped)"))
     shared = models["grouped_shared"].input_amax()
     with sink.guard(role, "amax/shared_eq_max_per_expert"):
-        sink.add_diff(role, "amax/shared_eq_max_per_expert", bit_diff([elementwise_max(per_expert)] * len(shared), shared))
+        sink.add_diff(role, "amax/shared_eq_max_per_expert", bit_diff([elementwise_max(per_expert)] * len(shared), shared, label="expert"))
     with sink.guard(role, "amax/synced_eq_shared"):
         synced = models["sequential_synced"].input_amax() + models["grouped_synced"].input_amax()
         sink.add_diff(role, "amax/synced_eq_shared", bit_diff([shared[0]] * len(synced), synced, label="expert (sequential, then grouped)"))
     with sink.guard(role, "amax/uncalibrated_expert_zero"):
         got = [a for label in ("sequential_per_expert", "grouped_per_expert") for i, a in enumerate(models[label].input_amax()) if i in empty]
-        sink.add_diff(role, "amax/uncalibrated_expert_zero", bit_diff([torch.zeros((), device=g.device) for g in got], got),
+        sink.add_diff(role, "amax/uncalibrated_expert_zero", bit_diff([torch.zeros((), device=g.device) for g in got], got, label="expert"),
                       what=f"+0 for experts {sorted(empty)}")
     for label, model in models.items():
         with sink.guard(role, f"layouts/{label}"):

@@ -27,8 +27,10 @@ from typing import Callable
 
 import torch
 
+from moe_fq_parity.harness.core.equality import bit_diff
+
 from .bench import GROUPED_WEIGHT_LAYOUTS, Bench
-from .compare import RowSink, bit_diff
+from .compare import RowSink
 from .layers import SequentialExperts, set_expert_params
 from .quantized import QuantExperts, QuantGroupedExperts, QuantSequentialExperts, calibrate, set_quant_mode
 from .roles import Role

@@ -40,8 +40,10 @@ from typing import Callable
 
 import torch
 
+from moe_fq_parity.harness.core.equality import BitDiff, bit_diff
+
 from .bench import Bench, outputs
-from .compare import BitDiff, RowSink, bit_diff
+from .compare import RowSink
 from .data import ExpertData, ExpertShape
 from .layers import GroupedLinearTwin, set_expert_params
 from .quantized import QuantGroupedExperts, set_quant_mode

@@ -19,15 +19,17 @@ Rows (role ``grouped_linear/weight/{name}``), every one able to fail:
 * ``grad/n_quantizer_eq_sequential/{routing}`` -- weight and input gradients through the STE
   (``all_routed`` sends tokens beyond the calibrated amax, so a clipped STE clips there).
 
-All comparisons are bitwise (``compare.bit_diff``).
+All comparisons are bitwise (``harness.core.equality.bit_diff``).
 """
 
 from __future__ import annotations
 
 from moe_fq_parity import reference
 
+from moe_fq_parity.harness.core.equality import bit_diff
+
 from .bench import GROUPED_WEIGHT_LAYOUTS, Bench, gradients
-from .compare import RowSink, bit_diff, count_distinct, elementwise_max, short
+from .compare import RowSink, count_distinct, elementwise_max, short
 from .quantized import stacked_amax
 from .roles import Role
 
@@ -47,20 +49,20 @@ def weight_rows(bench: Bench, sink: RowSink) -> None:
                  measured=f"{distinct}/{n} distinct", detail=f"sequential amax {short(seq_amax)}")
     with sink.guard(role, "amax/sequential_eq_reference"):
         ref_amax = reference.max_calibrate_experts(bench.data.weights, "per_channel" if spec.granularity == "per_channel" else "per_expert")
-        sink.add_diff(role, "amax/sequential_eq_reference", bit_diff(list(ref_amax.unbind(0)), seq_amax))
+        sink.add_diff(role, "amax/sequential_eq_reference", bit_diff(list(ref_amax.unbind(0)), seq_amax, label="expert"))
     with sink.guard(role, "amax/shared_eq_max_sequential"):
         shared = bench.weight_models["shared"].weight_amax()
-        sink.add_diff(role, "amax/shared_eq_max_sequential", bit_diff([elementwise_max(seq_amax)] * n, shared))
+        sink.add_diff(role, "amax/shared_eq_max_sequential", bit_diff([elementwise_max(seq_amax)] * n, shared, label="expert"))
     for label in PER_EXPERT_LAYOUTS:
         with sink.guard(role, f"amax/{label}_eq_sequential"):
-            sink.add_diff(role, f"amax/{label}_eq_sequential", bit_diff(seq_amax, bench.weight_models[label].weight_amax()))
+            sink.add_diff(role, f"amax/{label}_eq_sequential", bit_diff(seq_amax, bench.weight_models[label].weight_amax(), label="expert"))
     with sink.guard(role, "fq_weight/sequential_eq_reference"):
         ref_fq = reference.fake_quant_experts(bench.data.weights, stacked_amax(seq_amax), spec.fmt, spec.variant, **dict(spec.options))
-        sink.add_diff(role, "fq_weight/sequential_eq_reference", bit_diff(ref_fq, bench.quantized_weights(bench.sequential)))
+        sink.add_diff(role, "fq_weight/sequential_eq_reference", bit_diff(ref_fq, bench.quantized_weights(bench.sequential), label="expert"))
     for label in PER_EXPERT_LAYOUTS + ("shared",):
         check = "fq_weight/shared_differs_control" if label == "shared" else f"fq_weight/{label}_eq_sequential"
         with sink.guard(role, check):
-            diff = bit_diff(bench.quantized_weights(bench.sequential), bench.quantized_weights(bench.weight_models[label]))
+            diff = bit_diff(bench.quantized_weights(bench.sequential), bench.quantized_weights(bench.weight_models[label]), label="expert")
             sink.add_diff(role, check, diff, expect_equal=label != "shared")
     for routing in ROUTINGS:
         for label in PER_EXPERT_LAYOUTS:

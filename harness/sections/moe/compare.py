@@ -1,8 +1,9 @@
-"""Bitwise comparison of tensor lists and the row collector every MoE check writes to.
+"""Helpers of the MoE checks (amax as a format sees it, distinct counts) and the row collector every
+MoE check writes to.
 
-``bit_diff`` is ``harness.core.equality.bit_diff``: bit patterns under the harness's comparison policy
-(``+0 != -0``; NaN payload and sign not compared), *every* mismatch counted, the first offenders
-kept, never stopping at the first difference.  ``RowSink.guard`` turns an exception inside a check into a failing
+The checks compare with ``harness.core.equality.bit_diff``: bit patterns under the harness's
+comparison policy (``+0 != -0``; NaN payload and sign not compared), *every* mismatch counted, the
+first offenders kept, never stopping at the first difference.  ``RowSink.guard`` turns an exception inside a check into a failing
 row carrying the exception type, message and location, instead of losing it.
 """
 
@@ -16,15 +17,11 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from moe_fq_parity.harness.sections import SectionRow
-from moe_fq_parity.harness.core.equality import BitDiff, bit_diff as core_bit_diff
+from moe_fq_parity.harness.core.equality import BitDiff
+from moe_fq_parity.harness.core.repro import moe_section_command
 from moe_fq_parity.reference.formats import FORMATS, format_spec
 
 from .roles import Role
-
-def bit_diff(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor], *, label: str = "expert") -> BitDiff:
-    """``harness.core.equality.bit_diff`` (the one bitwise comparison), labelled for MoE rows."""
-    return core_bit_diff(expected, got, label=label)
-
 
 POWER_OF_TWO_BLIND: tuple[str, ...] = tuple(f for f in FORMATS if format_spec(f).power_of_two_blind)
 """Formats whose fake quant does not change (outside subnormals and saturation) when amax is
@@ -80,7 +77,7 @@ class RowSink:
         return f"{self.prefix}/{rid}/{check}/s{self.seed}"
 
     def repro(self, row_id: str) -> str:
-        return f"python -m moe_fq_parity.harness.sections.moe --suite {self.suite} --seed {self.seed} --device {self.device} --filter '{row_id}'"
+        return moe_section_command(self.suite, self.seed, self.device, row_id)
 
     def add(self, role: Role | str, check: str, *, ok: bool, expected: str, measured: str, mismatches: int | str = "", detail: str = "") -> None:
         rid = self.row_id(role, check)

@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping
 
 from moe_fq_parity.reference import FORMATS, STE_MODES, format_spec, variants
 
+from .te_roles import QuantizerRole
+
 MODULE_TYPES: tuple[str, ...] = ("grouped_linear", "sequential_linear")
 """``grouped_linear``: Transformer Engine ``GroupedLinear`` (or its twin); ``sequential_linear``:
 one ``nn.Linear``-like module per expert (Megatron SequentialMLP's ``local_experts.{i}``)."""
@@ -60,11 +62,9 @@ class Role:
     def id(self) -> str:
         return f"{self.module_type}/{self.tensor_type}/{self.name}"
 
-    def quantizer_role(self):
+    def quantizer_role(self) -> QuantizerRole:
         """The same slot as Transformer Engine names it (``te_roles.QuantizerRole``): a grouped
         layer is TE's ``grouped_linear``, one module per expert is TE's ``linear``."""
-        from .te_roles import QuantizerRole
-
         return QuantizerRole("grouped_linear" if self.module_type == "grouped_linear" else "linear", self.tensor_type, self.name)
 
     def counterpart(self) -> "Role":

@@ -23,21 +23,23 @@ from typing import Optional
 
 import torch
 
+from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.cases.shapes import NEMOTRON, NEMOTRON_EXPERTS
+from moe_fq_parity.harness.core.equality import bit_diff
 from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
+from moe_fq_parity.reference.formats import format_spec
 
 from .bench import Bench, build_bench
 from .checks_input import input_rows
 from .checks_loss import loss_rows
 from .checks_state import layout_rows, quantizer_state_rows
+from .checks_te_roles import te_role_rows
 from .checks_weight import ROUTINGS, weight_rows
-from .compare import RowSink, bit_diff
-from moe_fq_parity.cases.catalogue import parse_suite, suite_table
-from moe_fq_parity.cases.inputs import seed_for_id
-
+from .compare import RowSink
 from .data import ExpertShape, make_expert_data
 from .roles import QuantSpec, Recipe, Role
 from .te_adapter import te_available
-from .te_roles import te_role_rows
 from .upstream_hook import backend_rows
 
 COLUMNS = ["backend", "spec", "shape", "role", "check", "expected", "measured", "mismatches"]
@@ -63,19 +65,27 @@ def _mlp(n: int, hidden: int, ffn: int, tokens: int) -> tuple[tuple[str, ExpertS
     return (("fc1", ExpertShape(n, ffn, hidden, tokens)), ("fc2", ExpertShape(n, hidden, ffn, tokens)))
 
 
+def _nemotron(model: str, ep: int, tokens: int) -> tuple[tuple[str, ExpertShape], ...]:
+    """The routed-expert layers of Nemotron 3 ``model`` (``cases.shapes.NEMOTRON``) at expert
+    parallelism ``ep``: ``NEMOTRON_EXPERTS[model] // ep`` local experts."""
+    n = NEMOTRON_EXPERTS[model] // ep
+    return tuple((fc, ExpertShape(n, *NEMOTRON[model][fc], tokens)) for fc in ("fc1", "fc2"))
+
+
 SUITES: dict[str, SuiteConfig] = suite_table({
     "smoke": SuiteConfig(_mlp(4, 64, 32, 48), _CORE),
     "ci": SuiteConfig(_mlp(8, 72, 96, 160), _CI),
     "nightly": SuiteConfig(_mlp(16, 1024, 512, 2048), _CI + (_pair("nvfp4", "per_tensor", variant="modelopt_static"),)),
-    "ultra": SuiteConfig(_mlp(32, 2688, 1856, 4096), _CORE),
+    "ultra": SuiteConfig(_nemotron("nano", 4, 4096), _CORE),
 }, what="MoE section SUITES")
 """``ci`` uses in/out features that are not multiples of 16 (short NVFP4 blocks); ``ultra`` is
 Nemotron 3 Nano's routed expert at EP=4 (N=32, fc1 ``[1856, 2688]``, fc2 ``[2688, 1856]``)."""
 
 
-LAYOUT_WEIGHT, NVFP4_WEIGHT = 0.5, 1.6
+LAYOUT_WEIGHT, BLOCK_SCALED_WEIGHT = 0.5, 1.6
 """Cost of a block relative to a recipe's, for cutting the section into parts: a layer's layout rows
-cost about half a recipe, an NVFP4 recipe about 1.6 (its reference computes block scales).  From the
+cost about half a recipe, a recipe of a two-level block-scaled format (``FormatSpec.block``: NVFP4)
+about 1.6 (its reference computes block scales).  From the
 nightly on two H100s with equal weights: the part holding the layout blocks and the INT recipes took
 19.2 s, the part holding the FP8 and both NVFP4 recipes 26.3 s."""
 
@@ -84,7 +94,7 @@ def block_weight(cfg: SuiteConfig, recipe: int) -> float:
     """The partition weight of block ``(1, layer, recipe)`` (0: the layout rows)."""
     if recipe == 0:
         return LAYOUT_WEIGHT
-    return NVFP4_WEIGHT if cfg.specs[recipe - 1][0].fmt == "nvfp4" else 1.0
+    return BLOCK_SCALED_WEIGHT if format_spec(cfg.specs[recipe - 1][0].fmt).block is not None else 1.0
 
 
 def te_vs_twin_rows(twin: Bench, te: Bench, sink: RowSink) -> None:

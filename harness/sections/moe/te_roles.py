@@ -31,14 +31,15 @@ Factories (``QuantizerSpec``), as TE documents its built-in-equivalent factories
   roles 1x16 with RHT.
 
 Transformer Engine itself imports only with CUDA and cuDNN; ``real_te()`` gives it where it does,
-the reason otherwise.  Report row (MoE section, FP8 per-tensor benches):
-``te_roles/grouped_linear_weight_per_gemm`` (``te_role_rows``).
+the reason otherwise.  The report row built on these roles is ``checks_te_roles``'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+from .te_adapter import te_available
 
 TE_MODULE_KINDS: tuple[str, ...] = ("linear", "grouped_linear", "layernorm_mlp")
 TE_TENSOR_TYPES: tuple[str, ...] = ("input", "weight", "grad_output")
@@ -134,48 +135,11 @@ def recipe_state_create(factory: Callable[[Optional[QuantizerRole]], QuantizerSp
 
 def real_te() -> tuple[Optional[object], str]:
     """``(transformer_engine.pytorch, "")`` when it imports here with ``QuantizerRole``, else ``(None, reason)``."""
-    from .te_adapter import te_available
-
     ok, why = te_available()
     if not ok:
         return None, f"{why}; roles and factories checked against TE's documented behaviour only"
-    import transformer_engine.pytorch as te
+    import transformer_engine.pytorch as te  # an optional extra: imported only where te_available() says it can be
 
     if not hasattr(getattr(te, "quantization", None), "QuantizerRole"):
         return None, "this transformer_engine has no quantization.QuantizerRole"
     return te, ""
-
-
-def te_role_rows(bench, sink) -> None:
-    """``te_roles/grouped_linear_weight_per_gemm`` (FP8 per-tensor benches): a TE grouped linear
-    over the bench's N experts asks for N weight quantizers (one per GEMM, ``grouped_linear/weight``
-    roles at slots 1, 4, ...); the current-scaling factory makes each E4M3 (variant ``te_current``),
-    and that quantizer with each expert's own amax gives, bit for bit, the sequential per-expert
-    fake-quantized weights (on calibrated weights, amax > 2**-24, ``te_current`` equals ``cuda``)."""
-    from moe_fq_parity import reference
-
-    from .compare import bit_diff
-    from .roles import Role
-
-    spec = bench.sequential.weight_spec
-    if spec.fmt != "fp8_e4m3" or spec.granularity != "per_tensor" or spec.variant not in (None, "cuda"):
-        return
-    role = Role("grouped_linear", "weight", bench.name)
-    check = "te_roles/grouped_linear_weight_per_gemm"
-    with sink.guard(role, check):
-        n = bench.shape.num_experts
-        roles = quantizer_roles("grouped_linear", bench.name, fwd=True, num_quantizers=num_quantizers("grouped_linear", True, n))
-        slots = [i for i, r in enumerate(roles) if r == role.quantizer_role()]
-        made = recipe_state_create(current_scaling_factory, [roles[i] for i in slots])
-        problems = []
-        if slots != [3 * g + 1 for g in range(n)]:
-            problems.append(f"weight slots {slots}, expected one per GEMM at {[3 * g + 1 for g in range(n)]}")
-        if {m.reference for m in made} != {("fp8_e4m3", "te_current")}:
-            problems.append(f"factory gave {sorted({str(m) for m in made})}")
-        amax = bench.sequential.weight_amax()
-        te_fq = [reference.fake_quant(w, a, "fp8_e4m3", "te_current") for w, a in zip(bench.data.weights, amax)]
-        diff = bit_diff(bench.quantized_weights(bench.sequential), te_fq, label="expert")
-        small = [i for i, a in enumerate(amax) if float(a) <= 2.0**-24]
-        sink.add(role, check, ok=not problems and diff.equal, expected=f"{n} E4M3 weight quantizers (one per GEMM); per-expert te_current == sequential fake quant",
-                 measured="; ".join(problems) or ("equal" if diff.equal else f"{diff.mismatches}/{diff.numel} differ") + (f" (experts {small} amax <= 2^-24)" if small else ""),
-                 mismatches=diff.mismatches, detail="; ".join(problems + [diff.summary()]))

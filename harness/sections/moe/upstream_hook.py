@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from moe_fq_parity.cases.inputs import seed_for_id
+from moe_fq_parity.harness.sections import SectionRow
 
 from .compare import RowSink
 from .layers import GroupedLinearTwin
@@ -168,8 +169,6 @@ def backend_rows(sink: RowSink, name: str) -> None:
     hooks, why = upstream_hook()
     if hooks is None:
         rid = sink.row_id(role, "megatron_hook")
-        from moe_fq_parity.harness.sections import SectionRow
-
         sink.rows.append(SectionRow(id=rid, verdict="skip", fields={**sink.base_fields, "role": role.id, "check": "megatron_hook", "measured": why},
                                     repro=sink.repro(rid), message=why))
         return

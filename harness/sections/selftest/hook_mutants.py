@@ -27,13 +27,13 @@ from typing import Callable, Iterator
 
 import torch
 
+from moe_fq_parity.cases.inputs import seed_for_id
 from moe_fq_parity.harness.sections.moe import layers, state_dict
 from moe_fq_parity.harness.sections.moe.checks_state import layout_rows
 from moe_fq_parity.harness.sections.moe.compare import RowSink
-from moe_fq_parity.cases.inputs import seed_for_id
 from moe_fq_parity.harness.sections.moe.data import ExpertShape, make_expert_data
 
-from .runner import MutantOutcome
+from .outcomes import MutantOutcome
 
 SHAPE = ExpertShape(4, 16, 32, 24)
 

@@ -18,7 +18,7 @@ from moe_fq_parity.reference import fp8_block as FB
 from moe_fq_parity.reference import mx as MX
 from moe_fq_parity.reference.constants import E4M3_MAX, E8M0_NAN, TINY_AMAX
 from moe_fq_parity.reference.granularity import from_tiles, to_tiles
-from moe_fq_parity.reference.formats import FORMATS, format_spec
+from moe_fq_parity.reference.formats import E2M1_GRID, E4M3_GRID, FORMATS, MinifloatGrid, format_spec
 from moe_fq_parity.reference.nvfp4 import from_blocks, to_blocks
 from moe_fq_parity.reference.rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, round_to_minifloat, to_output_dtype
 
@@ -162,7 +162,7 @@ def _per_expert(step: Callable[..., Tensor]):
 
 def _int_or_fp8(int_kw: dict, fp8_kw: dict | None = None):
     def step(w, a, fmt, i, weights, amax, **options):
-        if fmt == "fp8_e4m3":
+        if not format_spec(fmt).is_int:  # the minifloat grid among the INT and FP8 formats
             return _fp8_fq(w, a, **(fp8_kw or {}))
         return _int_fq(w, a, fmt, **options, **int_kw)
 
@@ -209,7 +209,7 @@ def _stale_cache(self, weights, amax, fmt, **options):
 
 def _nvfp4(kw: dict):
     def step(w, a, fmt, i, weights, amax, **options):
-        if fmt != "nvfp4":
+        if format_spec(fmt).block is None:  # the NVFP4 steps apply to two-level block scaling only
             return R.fake_quant(w, a, fmt, **options)
         return _nvfp4_fq(w, a, block_size=options.get("block_size", 16), **kw)
 
@@ -239,17 +239,23 @@ def _writes_into_inputs(self, weights, amax, fmt, **options):
 
 
 def _declines_nvfp4(self, weights, amax, fmt, **options):
-    if fmt == "nvfp4":  # listed in ``formats`` but never implemented: the coverage silently vanishes
-        raise NotImplementedError("nvfp4 is not implemented yet")
+    if format_spec(fmt).block is not None:  # listed in ``formats`` but never implemented: the coverage silently vanishes
+        raise NotImplementedError(f"{fmt} is not implemented yet")
     return R.fake_quant_experts(weights, amax, fmt, **options)
 
 
 # --- block-scaled formats (scales from the data per tile) ---------------------------------------
 
+_MX_ELEMENTS: dict[MinifloatGrid, str] = {E4M3_GRID: "e4m3", E2M1_GRID: "e2m1"}
+"""An MX format's element grid (``FormatSpec.grid``) -> its ``reference.mx.ELEMENTS`` key."""
+_MX_SCALE = "e8m0"
+"""The tile-scale encoding of the MX formats (``TileScaling.scale``)."""
+
+
 def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, amax_bf16=False, nonfinite_code=E8M0_NAN,
            code0_zero=False, axis="in", code0_inverse=None) -> Tensor:
     """MX fake quant of one expert (``reference.mx`` steps 1-7) with one step selectable (mutated)."""
-    elem = "e4m3" if fmt == "mxfp8" else "e2m1"
+    elem = _MX_ELEMENTS[format_spec(fmt).grid]
     emax, mbits, emx, elem_round = MX.ELEMENTS[elem]
     tile = MX.mx_tile(tile_2d)
     tile = (tile[1], tile[0]) if axis == "out" else tile
@@ -316,9 +322,10 @@ def _int4_group_fq(x: Tensor, *, axis="in", tiny="zero") -> Tensor:
 
 
 def _tiles_wrong_axis(self, weights, amax, fmt, variant=None, tile_2d=False, **options):
-    if fmt == "int4_group":
+    spec = format_spec(fmt)
+    if spec.is_int:  # INT4 group-wise
         return [_int4_group_fq(w, axis="out") for w in weights]
-    if fmt == "fp8_block":
+    if spec.tiles is not None and spec.tiles.scale != _MX_SCALE:  # FP8 block-wise
         return [_fp8_block_fq(w, tile_2d=tile_2d, axis="out", **options) for w in weights]
     return [_mx_fq(w, fmt, variant or R.default_variant(fmt), tile_2d=tile_2d, axis="out") for w in weights]
 

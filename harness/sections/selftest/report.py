@@ -6,7 +6,8 @@ from typing import Any
 
 from moe_fq_parity.harness.sections import Section, SectionRow
 
-from .runner import SUITE_FOR, SelftestResult, run_selftest
+from .outcomes import SelftestResult
+from .runner import SUITE_FOR, run_selftest
 
 
 def print_outcome(r: SelftestResult) -> None:

@@ -11,16 +11,16 @@ backends) must pass every check on the same cases; otherwise the kills prove not
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from moe_fq_parity.cases import DEFAULT_SEED, Case, make_inputs, parse_case, suite as suite_cases, suite_table
-from moe_fq_parity.harness.backends import LoadedBackend, load
+from moe_fq_parity.harness.backends import BackendLoadError, LoadedBackend, load
 from moe_fq_parity.harness.checks import CheckContext, expected_forward, run_case_checks
-from moe_fq_parity.harness.core.records import CheckRecord
 from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, MUTANT_TIMEOUT_S
 
+from .hook_mutants import HOOK_MUTANTS, run_hook_mutants
 from .mutants import Mutant, build_mutants
+from .outcomes import ControlOutcome, MutantOutcome, SelftestResult
 
 SELFTEST_CHECKS = ("forward", "backward.pass_through", "backward.clipped", "invariant.layout", "invariant.grouped", "invariant.recalibrate")
 CONTROLS_BY_SUITE = suite_table({"smoke": ("reference", "eager-loop"), "ci": ("reference", "eager-loop"), "nightly": ("triton",)},
@@ -30,43 +30,6 @@ SUITE_FOR = suite_table({"smoke": "smoke", "ci": "ci", "nightly": "nightly"}, wh
 every built-in mutant too."""
 SELFTEST_SUITES: tuple[str, ...] = tuple(s.value for s in SUITE_FOR)
 """Suites ``moe-fq-parity selftest --suite`` takes."""
-
-
-@dataclass(frozen=True)
-class MutantOutcome:
-    name: str
-    bug: str
-    killed: bool
-    check: str = ""
-    case_id: str = ""
-    message: str = ""
-    cases_tried: int = 0
-    seconds: float = 0.0
-
-    def repro(self, suite: str, seed: int) -> str:
-        case = f" --case {self.case_id}" if self.case_id else ""
-        return f"moe-fq-parity selftest --suite {suite} --seed {seed} --mutant {self.name}{case}"
-
-
-@dataclass(frozen=True)
-class ControlOutcome:
-    backend: str
-    available: bool
-    reason: str
-    failures: tuple[CheckRecord, ...] = ()
-    records: int = 0
-
-
-@dataclass(frozen=True)
-class SelftestResult:
-    suite: str
-    seed: int
-    mutants: tuple[MutantOutcome, ...]
-    controls: tuple[ControlOutcome, ...] = field(default_factory=tuple)
-
-    @property
-    def ok(self) -> bool:
-        return all(m.killed for m in self.mutants) and all(not c.failures for c in self.controls)
 
 
 def _loaded(m: Mutant) -> LoadedBackend:
@@ -134,10 +97,6 @@ def run_selftest(suite: str = "ci", seed: int = DEFAULT_SEED, *, mutants: Option
     Every argument is checked before any mutant runs: ``ValueError`` for an unknown mutant, a
     malformed case id or a control backend that cannot be loaded (unknown name, module that does
     not import, object that is not a backend)."""
-    from moe_fq_parity.harness.backends import BackendLoadError
-
-    from .hook_mutants import HOOK_MUTANTS, run_hook_mutants
-
     if suite not in SELFTEST_SUITES:
         raise ValueError(f"no selftest for suite {suite!r}; choose one of {list(SELFTEST_SUITES)}")
     cases = suite_cases(suite)

@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 from moe_fq_parity.cases import DEFAULT_SEED, make_inputs, suite as suite_cases
 from moe_fq_parity.harness.backends import BackendLoadError, load
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS, CheckContext, expected_forward, run_case_checks
+from moe_fq_parity.harness.core.triton_env import prepare
+from moe_fq_parity.harness.sections.cli_args import at_least, json_path, suite as suite_arg
 from moe_fq_parity.reports.schema import dumps
 
 
@@ -40,17 +42,13 @@ def run_seeds(suite: str, specs: Sequence[str], seeds: Sequence[int]) -> list[di
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from moe_fq_parity.harness.sections.cli_args import at_least, json_path, suite
-
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.selftest.seeds", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", type=suite, default="ci")
+    p.add_argument("--suite", type=suite_arg, default="ci")
     p.add_argument("--backend", default="reference,eager-loop", help="comma-separated backend names or module:object specs")
     p.add_argument("--seeds", type=at_least(1), default=20)
     p.add_argument("--base-seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--json", type=json_path, default=None)
     args = p.parse_args(argv)
-    from moe_fq_parity.harness.core.triton_env import prepare
-
     prepare()
     specs = [s.strip() for s in args.backend.split(",") if s.strip()]
     if not specs:

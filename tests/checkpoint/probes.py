@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moe_fq_parity.harness.sections.dist.launch import RankContext, run_ranks
-from moe_fq_parity.harness.sections.dist.layout import Layout
+from moe_fq_parity.harness.sections.checkpoint.launch import RankContext, run_ranks
+from moe_fq_parity.harness.sections.checkpoint.layout import Layout
 
 SLEEP_S = 600.0
 """How long a hanging rank sleeps: far beyond any deadline a probe uses."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from moe_fq_parity.harness.core.bits import bits_equal
-from moe_fq_parity.harness.sections.dist.layout import Coords, Layout, matrix_layouts, parse_layout, tp_chunk
-from moe_fq_parity.harness.sections.dist.model import MoEConfig, expert_weight, full_weights, local_weights
+from moe_fq_parity.harness.sections.checkpoint.layout import Coords, Layout, matrix_layouts, parse_layout, tp_chunk
+from moe_fq_parity.harness.sections.checkpoint.model import MoEConfig, expert_weight, full_weights, local_weights
 
 
 def test_rank_order_is_tp_fastest():

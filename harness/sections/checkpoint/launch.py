@@ -43,7 +43,7 @@ from moe_fq_parity.harness.core.tolerances import DIST_PG_TIMEOUT_S, DIST_RUN_TI
 
 from .layout import MESH_DIMS, Coords, Layout
 
-PRELOAD: list[str] = ["torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor", "moe_fq_parity.harness.sections.dist.jobs"]
+PRELOAD: list[str] = ["torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor", "moe_fq_parity.harness.sections.checkpoint.jobs"]
 DEFAULT_TIMEOUT_S = DIST_RUN_TIMEOUT_S
 """Wall-clock limit of one ``run_ranks`` call (start, work, exit); ``harness.core.tolerances``."""
 DEFAULT_PG_TIMEOUT_S = DIST_PG_TIMEOUT_S

@@ -21,7 +21,7 @@ Modules, bottom up:
 * ``judge``      -- rank reports -> verdicts (round trip, invariance, bad input);
 * ``bad_inputs`` -- checkpoints that must be refused;
 * ``matrix``     -- ``DistPlan`` and ``run_plan``: the stages end to end;
-* ``section``    -- the report section ``dist``; ``__main__`` -- ``python -m moe_fq_parity.harness.sections.dist``.
+* ``section``    -- the report section ``dist``; ``__main__`` -- ``python -m moe_fq_parity.harness.sections.checkpoint``.
 
 Which rows check which upstream change: ``docs/seed-changes.md``.
 """

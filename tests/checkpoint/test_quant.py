@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist.quant import block_scales, buffer_tp_axis, calibrate, needs_tp_sync, quant_format, sync_tp
+from moe_fq_parity.harness.sections.checkpoint.quant import block_scales, buffer_tp_axis, calibrate, needs_tp_sync, quant_format, sync_tp
 from moe_fq_parity.reference.rounding import round_to_e4m3
 
 
@@ -55,7 +55,7 @@ def test_block_scales_follow_reference_static_steps():
 def test_a_sync_refuses_to_skip_a_buffer_the_format_does_not_have(which):
     """A typo in ``skip`` (the negative controls' knob) would silently sync everything: it raises,
     also where the sync has no group (EP or TP of 1)."""
-    from moe_fq_parity.harness.sections.dist.quant import sync_ep
+    from moe_fq_parity.harness.sections.checkpoint.quant import sync_ep
 
     qf = quant_format("nvfp4/static")
     sync = (lambda **kw: sync_ep({}, qf, None, **kw)) if which == "ep" else (lambda **kw: sync_tp({}, "fc1", qf, None, **kw))

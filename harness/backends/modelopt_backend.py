@@ -39,7 +39,7 @@ from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_BLOCK
 from moe_fq_parity.reference.formats import format_spec
 from moe_fq_parity.reference.nvfp4 import block_amax
 
-from ._imports import try_import
+from .quiet_imports import try_import
 
 MODELOPT_VERSION = "0.47.0"
 """The release the reference's ``modelopt`` variants were read from (docs/measured.md §5-§7); another version is reported, not refused."""

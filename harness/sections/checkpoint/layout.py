@@ -12,7 +12,7 @@ Experts (``megatron/core/transformer/moe/experts.py``)::
 
 Tensor parallel splits every tensor dimension it touches into ``tp`` equal contiguous chunks;
 chunk ``k`` goes to TP rank ``k``.  Which dimension it touches is the model's business
-(``harness.dist.model.TP_DIM``: fc1 on out, fc2 on in).
+(``harness.sections.checkpoint.model.TP_DIM``: fc1 on out, fc2 on in).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from moe_fq_parity.reference import fake_quant, max_calibrate
 from moe_fq_parity.reference.constants import NVFP4_BLOCK
+from moe_fq_parity.reference.formats import format_spec
 from moe_fq_parity.reference.nvfp4 import static_block_scales
 
 from .model import TP_DIM, MoEConfig
@@ -85,6 +86,12 @@ class QuantFormat:
     def __post_init__(self) -> None:
         if self.experts not in EXPERT_SCOPES:
             raise ValueError(f"experts must be one of {EXPERT_SCOPES}, got {self.experts!r}")
+
+    @property
+    def block_scaled(self) -> bool:
+        """Two-level block scaling (``FormatSpec.block``, NVFP4): a global amax above per-block amax,
+        from which the block scales derive."""
+        return format_spec(self.fmt).block is not None
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -210,15 +217,15 @@ def block_scales(block_amax: torch.Tensor, global_amax: torch.Tensor) -> torch.T
 
 
 def derived(state: dict[str, torch.Tensor], qf: QuantFormat) -> dict[str, torch.Tensor]:
-    """Quantization parameters derived from the buffers (NVFP4: ``_block_scale``)."""
-    if qf.fmt == "nvfp4":
+    """Quantization parameters derived from the buffers (block-scaled formats: ``_block_scale``)."""
+    if qf.block_scaled:
         return {"_block_scale": block_scales(state["_amax"], state["_global_amax"])}
     return {}
 
 
 def fake_quant_local(w: torch.Tensor, state: dict[str, torch.Tensor], qf: QuantFormat) -> torch.Tensor:
     """Fake-quantize ``[n, out, in]`` weights with their ``[n, ...]`` buffers (reference only)."""
-    if qf.fmt == "nvfp4":
+    if qf.block_scaled:
         return fake_quant(w, state["_global_amax"], qf.fmt, qf.variant, block_amax=state["_amax"])
     return fake_quant(w, state["_amax"], qf.fmt, qf.variant)
 

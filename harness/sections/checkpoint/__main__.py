@@ -1,6 +1,6 @@
-"""``python -m moe_fq_parity.harness.sections.dist``: run (part of) the distributed checkpoint matrix and print verdicts.
+"""``python -m moe_fq_parity.harness.sections.checkpoint``: run (part of) the distributed checkpoint matrix and print verdicts.
 
-Example: ``python -m moe_fq_parity.harness.sections.dist --save tp2ep2 --load tp1ep4,tp1ep8 --seed 1234`` saves under
+Example: ``python -m moe_fq_parity.harness.sections.checkpoint --save tp2ep2 --load tp1ep4,tp1ep8 --seed 1234`` saves under
 TP=2/EP=2, loads under EP=4 and EP=8, and prints one line per row; ``--json FILE`` writes the
 rows; exit status 1 when any row fails.
 """
@@ -32,7 +32,7 @@ def _layouts(text: str) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.dist", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.checkpoint", description=__doc__.splitlines()[0])
     ap.add_argument("--save", type=_layouts, default=None, help="comma-separated save layouts, e.g. tp1ep2,tp2ep4 (default: all up to --max-world)")
     ap.add_argument("--load", type=_layouts, default=None, help="comma-separated load layouts (default: all up to --max-world)")
     ap.add_argument("--max-world", type=int, default=8, help="largest world size of the default layouts (default 8)")

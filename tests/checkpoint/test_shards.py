@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist.layout import Coords, Layout
-from moe_fq_parity.harness.sections.dist.model import MoEConfig
-from moe_fq_parity.harness.sections.dist.quant import QUANT_FORMATS, quant_format
-from moe_fq_parity.harness.sections.dist.shards import LocalState, expected_entries, field_dtypes, from_loaded, key_plan, template_specs, to_specs
+from moe_fq_parity.harness.sections.checkpoint.layout import Coords, Layout
+from moe_fq_parity.harness.sections.checkpoint.model import MoEConfig
+from moe_fq_parity.harness.sections.checkpoint.quant import QUANT_FORMATS, quant_format
+from moe_fq_parity.harness.sections.checkpoint.shards import LocalState, expected_entries, field_dtypes, from_loaded, key_plan, template_specs, to_specs
 
 CFG = MoEConfig()
 NVFP4 = quant_format("nvfp4/static")

@@ -2,7 +2,7 @@
 
 A rank's state is kept in one canonical form, ``LocalState``: per fc, the weights
 ``[n_local, out', in']`` and each quantizer buffer ``[n_local, ...]`` of its local experts
-(local order = global order, Megatron's rule in ``harness.sections.dist.layout``).  ``key_plan`` maps
+(local order = global order, Megatron's rule in ``harness.sections.checkpoint.layout``).  ``key_plan`` maps
 it to checkpoint keys in one of two quantizer layouts (prefix ``decoder.experts.linear_{fc}.``):
 
 * ``one_vector``  -- grouped: ``weight`` ``[E, out, in]`` and ``weight_quantizer.{buf}``
@@ -32,7 +32,7 @@ at ``global_rank * n_local + i`` instead of ``ep_rank * n_local + i`` (wrong onc
 channels) and the loader broadcasts it back.
 
 The ``one_vector``/``global`` plan doubles as the canonical global placement used to assemble
-what ranks hold into ``[E, ...]`` tensors (``harness.sections.dist.checks``).
+what ranks hold into ``[E, ...]`` tensors (``harness.sections.checkpoint.checks``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 
 from moe_fq_parity.reference import FORMATS
 
-from ._imports import try_import
+from .quiet_imports import try_import
 from .modelopt_backend import MODELOPT_VERSION, modelopt_version
 
 _QUANT = "modelopt.torch.quantization"

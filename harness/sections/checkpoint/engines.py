@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from moe_fq_parity.harness.sections.external._imports import quiet_import, quiet_upstream
+from moe_fq_parity.harness.backends.quiet_imports import quiet_import, quiet_upstream
 
 from .launch import RankContext
 from .safe_io import (

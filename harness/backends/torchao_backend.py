@@ -34,11 +34,12 @@ import torch
 from moe_fq_parity.reference import FORMATS
 from moe_fq_parity.reference.constants import NVFP4_BLOCK
 
-from ._imports import try_import
+from .quiet_imports import try_import
+from .registry import INSTALL_HINTS
 
 TORCHAO_VERSION = "0.18.0"
 """The torchao release this backend was written and measured against."""
-INSTALL = "pip install 'moe-fq-parity[torchao]'"
+INSTALL = INSTALL_HINTS["torchao"]
 MX_BLOCK = 32
 """torchao's MX block along the last dim (``to_mx``'s ``block_size``)."""
 MODES = ("floor", "ceil", "even", "rceil")

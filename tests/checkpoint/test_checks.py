@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_fq_parity.harness.sections.dist.checks import diff_bits
+from moe_fq_parity.harness.sections.checkpoint.checks import diff_bits
 
 
 def _experts() -> torch.Tensor:

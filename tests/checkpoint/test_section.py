@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist import section
-from moe_fq_parity.harness.sections.dist.matrix import DistPlan
+from moe_fq_parity.harness.sections.checkpoint import section
+from moe_fq_parity.harness.sections.checkpoint.matrix import DistPlan
 from moe_fq_parity.harness.sections import SECTION_RUNNERS, Section
 
 
 def test_runner_is_registered():
-    assert SECTION_RUNNERS["dist"] == "moe_fq_parity.harness.sections.dist.section:run"
+    assert SECTION_RUNNERS["dist"] == "moe_fq_parity.harness.sections.checkpoint.section:run"
 
 
 def test_plan_per_suite():
@@ -40,12 +40,12 @@ def test_rows_from_the_gloo_run(gloo_run):
     assert sec.verdict == "pass", [r.id for r in sec.rows if r.verdict == "fail"]
     row = next(r for r in sec.rows if r.id == "roundtrip/tp2ep4->tp1ep2/one_vector/nvfp4/static")
     assert row.fields["save"] == "tp2ep4" and row.fields["load"] == "tp1ep2" and row.fields["mismatches"] == 0
-    assert row.repro.startswith("python -m moe_fq_parity.harness.sections.dist") and "--save tp2ep4 --load tp1ep2" in row.repro
+    assert row.repro.startswith("python -m moe_fq_parity.harness.sections.checkpoint") and "--save tp2ep4 --load tp1ep2" in row.repro
     assert sec.to_json()["verdict"] == "pass"
 
 
 def test_plan_validation_names_each_bad_argument():
-    from moe_fq_parity.harness.sections.dist.layout import Layout
+    from moe_fq_parity.harness.sections.checkpoint.layout import Layout
 
     plan = DistPlan(1, (Layout(1, 3),), (Layout(1, 1),), device="tpu", engine="x", qf_ids=("int3",))
     with pytest.raises(ValueError) as info:
@@ -58,7 +58,7 @@ def test_plan_validation_names_each_bad_argument():
 
 
 def test_engine_rows_stand_side_by_side():
-    from moe_fq_parity.harness.sections.dist.checks import Verdict
+    from moe_fq_parity.harness.sections.checkpoint.checks import Verdict
 
     v = Verdict("roundtrip/tp1ep1->tp1ep2/n_quantizer/fp8_e4m3/per_expert", "pass", {"engine": "megatron"})
     assert section.engine_row(v, "dcp") is v

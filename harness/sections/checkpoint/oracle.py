@@ -2,7 +2,7 @@
 
 * ``build_truth`` -- the whole model built and calibrated in this process, TP=1/EP=1 (no process
   group, no sync step): full ``[E, ...]`` weights, buffers, derived parameters, fake-quantized
-  weights, per format.  Same calibration code as the ranks (``harness.sections.dist.quant``), on the
+  weights, per format.  Same calibration code as the ranks (``harness.sections.checkpoint.quant``), on the
   whole tensors instead of slices.
 * ``truth_entries`` -- what a correct checkpoint of that model holds, key by key.
 * ``oracle_state`` -- a checkpoint loaded whole by one process (``safe_io.load_full``), read back

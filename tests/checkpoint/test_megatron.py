@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_fq_parity.harness.sections.dist import engines
-from moe_fq_parity.harness.sections.dist.layout import parse_layout
-from moe_fq_parity.harness.sections.dist.quant import QUANT_FORMATS
-from moe_fq_parity.harness.sections.dist.shards import QLAYOUTS, qlayout_applies
+from moe_fq_parity.harness.sections.checkpoint import engines
+from moe_fq_parity.harness.sections.checkpoint.layout import parse_layout
+from moe_fq_parity.harness.sections.checkpoint.quant import QUANT_FORMATS
+from moe_fq_parity.harness.sections.checkpoint.shards import QLAYOUTS, qlayout_applies
 
 from .conftest import MEGATRON_LAYOUTS
 

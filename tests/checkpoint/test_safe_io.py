@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from moe_fq_parity.harness.sections.dist import safe_io
-from moe_fq_parity.harness.sections.dist.bad_inputs import _CallsPrint, _cut
-from moe_fq_parity.harness.sections.dist.safe_io import (
+from moe_fq_parity.harness.sections.checkpoint import safe_io
+from moe_fq_parity.harness.sections.checkpoint.bad_inputs import _CallsPrint, _cut
+from moe_fq_parity.harness.sections.checkpoint.safe_io import (
     CheckpointCorruptError,
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -136,7 +136,7 @@ def test_engine_internal_byte_entries_are_skipped_unread_and_nothing_else_is(tmp
     """Megatron-Core >= 0.19 writes its common state dict as the byte entry ``common_state/shard_0_1``
     inside the checkpoint: the safe readers skip an engine's own entries without unpickling them,
     and still refuse every other byte entry and an expected key stored as bytes."""
-    from moe_fq_parity.harness.sections.dist.engines import ENGINES
+    from moe_fq_parity.harness.sections.checkpoint.engines import ENGINES
 
     internal = ENGINES["megatron"].internal_keys
     path = str(tmp_path / "mcore019")

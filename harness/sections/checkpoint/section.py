@@ -1,6 +1,6 @@
 """The report section ``dist``: every (save layout -> load layout, quantizer layout, format) pair.
 
-``run(suite, seed, device)`` runs the matrix (``harness.sections.dist.matrix``) for each checkpoint
+``run(suite, seed, device)`` runs the matrix (``harness.sections.checkpoint.matrix``) for each checkpoint
 engine -- DCP, and Megatron-Core ``dist_checkpointing`` (rows prefixed ``megatron/``) -- with the
 same negative controls, and returns one ``Section`` whose rows are the verdicts: ``roundtrip/...`` pairs,
 ``invariance/...`` layouts, ``content/...`` checkpoints, ``negative/...`` controls (pass = the
@@ -17,7 +17,6 @@ the save layouts of every engine, with everything that reads their checkpoints,
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from dataclasses import replace
 from typing import Optional, Union
@@ -25,10 +24,12 @@ from typing import Optional, Union
 import torch
 
 from moe_fq_parity.cases.catalogue import parse_suite, suite_table
+from moe_fq_parity.harness.core.repro import checkpoint_command
 from moe_fq_parity.harness.sections import Part, Section, SectionRow, section_from_blocks
 
 from .checks import Verdict
 from .engines import ENGINES
+from .launch import start_fork_server
 from .layout import matrix_layouts
 from .matrix import DistPlan, run_plan_blocks
 
@@ -56,11 +57,7 @@ def repro(v: SectionRow, seed: int, device: str) -> str:
     """A command that reruns the save and load layouts a row involves."""
     f = v.fields
     save = f.get("save") or ("tp1ep1" if "load" in f else "")
-    load = f.get("load") or save
-    args = ["python", "-m", "moe_fq_parity.harness.sections.dist", "--seed", str(seed), "--device", device, "--engine", str(f.get("engine", "dcp"))]
-    if save:
-        args += ["--save", save, "--load", load]
-    return shlex.join(args)
+    return checkpoint_command(seed, device, str(f.get("engine", "dcp")), save, f.get("load") or save)
 
 
 def to_rows(verdicts: list[SectionRow], seed: int, device: str, workdir: str = "") -> list[SectionRow]:
@@ -89,9 +86,7 @@ def engine_label(engine: str) -> str:
 
 
 def prepare() -> None:
-    """Before the section's turn (``harness.sections.start_sections``): start the ranks' fork server."""
-    from .launch import start_fork_server
-
+    """Before the section's turn (``harness.sections.processes.start_sections``): start the ranks' fork server."""
     start_fork_server()
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist.launch import RankFailure, pack, run_layouts, unpack
-from moe_fq_parity.harness.sections.dist.layout import Layout
+from moe_fq_parity.harness.sections.checkpoint.launch import RankFailure, pack, run_layouts, unpack
+from moe_fq_parity.harness.sections.checkpoint.layout import Layout
 
 from .probes import PROBES, raise_job, stamp_job
 
@@ -84,12 +84,13 @@ _FROM_STDIN = """
 import sys
 sys.path.insert(0, {repo!r})
 from moe_fq_parity.harness import sections
-from moe_fq_parity.harness.sections.dist.launch import run_ranks
-from moe_fq_parity.harness.sections.dist.layout import Layout
-from tests.dist.probes import stamp_job
+from moe_fq_parity.harness.sections.checkpoint.launch import run_ranks
+from moe_fq_parity.harness.sections.checkpoint.layout import Layout
+from moe_fq_parity.harness.sections.processes import run_sections
+from tests.checkpoint.probes import stamp_job
 print("ranks", [r["rank"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))])
 sections.SECTION_RUNNERS.update({{"a": "tests.harness.fake_sections:passing", "b": "tests.harness.fake_sections:passing"}})
-print("sections", [s["verdict"] for s in sections.run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
+print("sections", [s["verdict"] for s in run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
 import __main__
 print("main", __main__.__file__)
 """
@@ -113,10 +114,10 @@ _AHEAD = """
 import multiprocessing.forkserver as fs
 import sys
 sys.path.insert(0, {repo!r})
-from moe_fq_parity.harness.sections.dist.section import prepare
-from moe_fq_parity.harness.sections.dist.launch import run_ranks
-from moe_fq_parity.harness.sections.dist.layout import Layout
-from tests.dist.probes import stamp_job
+from moe_fq_parity.harness.sections.checkpoint.section import prepare
+from moe_fq_parity.harness.sections.checkpoint.launch import run_ranks
+from moe_fq_parity.harness.sections.checkpoint.layout import Layout
+from tests.checkpoint.probes import stamp_job
 prepare()
 print("server", fs._forkserver._forkserver_pid)
 print("parents", sorted({{r["ppid"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))}}))

@@ -1,4 +1,4 @@
-"""The matrix on GPUs: NCCL, one GPU per rank (``pytest tests/dist -m gpu`` on a 2-GPU machine).
+"""The matrix on GPUs: NCCL, one GPU per rank (``pytest tests/checkpoint -m gpu`` on a 2-GPU machine).
 
 Layouts up to the number of GPUs (2 GPUs: TP1/EP1, TP1/EP2, TP2/EP1, every pair).  The same checks
 as the gloo run: round trips against the single-process copy and the truth, invariance, negative
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_fq_parity.harness.sections.dist.engines import MegatronEngine
-from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
-from moe_fq_parity.harness.sections.dist.matrix import DistPlan, run_plan
+from moe_fq_parity.harness.sections.checkpoint.engines import MegatronEngine
+from moe_fq_parity.harness.sections.checkpoint.layout import matrix_layouts
+from moe_fq_parity.harness.sections.checkpoint.matrix import DistPlan, run_plan
 
 pytestmark = [
     pytest.mark.dist,

@@ -26,7 +26,7 @@ import torch
 from moe_fq_parity.reference import split_expert_amax
 from moe_fq_parity.reference.constants import E4M3_MAX, NVFP4_BLOCK, TINY_AMAX
 
-from ._imports import try_import
+from .quiet_imports import try_import
 
 TE_VERSION_TESTED = "2.20.2"
 """The TE release measured in ``docs/measured.md`` §8."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
-from moe_fq_parity.harness.sections.dist.quant import QUANT_FORMATS
-from moe_fq_parity.harness.sections.dist.shards import QLAYOUTS, qlayout_applies
+from moe_fq_parity.harness.sections.checkpoint.layout import matrix_layouts
+from moe_fq_parity.harness.sections.checkpoint.quant import QUANT_FORMATS
+from moe_fq_parity.harness.sections.checkpoint.shards import QLAYOUTS, qlayout_applies
 
 from .conftest import MAX_WORLD
 

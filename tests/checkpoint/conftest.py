@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from moe_fq_parity.harness.sections import SectionRow
-from moe_fq_parity.harness.sections.dist.layout import matrix_layouts
-from moe_fq_parity.harness.sections.dist.matrix import DistPlan, run_plan
+from moe_fq_parity.harness.sections.checkpoint.layout import matrix_layouts
+from moe_fq_parity.harness.sections.checkpoint.matrix import DistPlan, run_plan
 
 from . import probes
 
@@ -82,8 +82,8 @@ def _shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute) ->
 def megatron_run(tmp_path_factory: pytest.TempPathFactory, dist_seed: int) -> DistRun:
     """The matrix with Megatron-Core ``dist_checkpointing`` as the engine (skips with the pip hint
     when it is not installed)."""
-    from moe_fq_parity.harness.sections.dist.engines import ENGINES
-    from moe_fq_parity.harness.sections.dist.layout import parse_layout
+    from moe_fq_parity.harness.sections.checkpoint.engines import ENGINES
+    from moe_fq_parity.harness.sections.checkpoint.layout import parse_layout
 
     ok, why = ENGINES["megatron"].available("cpu")
     if not ok:
