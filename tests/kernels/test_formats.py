@@ -18,18 +18,22 @@ def test_default_variants_equal_the_reference() -> None:
 
     assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in reference.FORMATS if f not in DECLINED}
     assert set(K.DEFAULT_VARIANTS) | set(DECLINED) == set(reference.FORMATS) and not set(K.DEFAULT_VARIANTS) & set(DECLINED)
-    assert all("not yet in the kernel" in decline_reason(f) for f in DECLINED) and decline_reason("int8") == ""
+    assert all(decline_reason(f) for f in DECLINED) and decline_reason("int8") == "" and decline_reason("mxfp4") == ""
 
 
-def test_new_formats_are_declined_with_the_reason() -> None:
+def test_block_formats_are_implemented_and_tile_2d_declined() -> None:
     import pytest
 
     from moe_fq_parity.harness.backends.triton_backend import TritonBackend
 
+    backend = TritonBackend()
     for fmt in ("mxfp8", "mxfp4", "fp8_block", "int4_group"):
-        with pytest.raises(ValueError, match="not yet in the kernel"):
-            K.parse_spec(fmt, None, {})
-        ok, why = TritonBackend().format_available(fmt)
-        assert not ok and "not yet in the kernel" in why
+        spec = K.parse_spec(fmt, None, {})
+        assert spec.from_data and spec.block == reference.format_spec(fmt).tiles.size
+        assert backend.format_available(fmt) == (True, "")
+        if fmt != "int4_group":
+            with pytest.raises(ValueError, match="not tile_2d=True"):
+                K.parse_spec(fmt, None, {"tile_2d": True})
+    assert K.parse_spec("fp8_block", None, {"fp32_scale": True}).code == K.FMT_FP8B_FP32S
     with pytest.raises(ValueError, match="1x16 blocks only"):
         K.parse_spec("nvfp4", None, {"tile_2d": True})
