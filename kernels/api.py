@@ -78,7 +78,7 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
       refuse an amax as the reference does.
     * ``variant``: ``None``/``"default"`` or the default's name; others raise ``ValueError``.
     * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size`` (16 only); FP8 block-wise
-      ``fp32_scale``; ``tile_2d`` (False only).
+      ``fp32_scale``; ``tile_2d`` (MX, FP8 block-wise, NVFP4: square tiles of the last two dims).
     * ``check_values``: ``True`` (asynchronous checks), ``"sync"`` or ``False``; see the module docstring.
 
     Example: ``fake_quant(w, w.abs().amax(dim=(1, 2)).float(), "fp8_e4m3")`` for ``w`` ``[N, out, in]``.
@@ -118,6 +118,8 @@ def fake_quant_experts(
     if len(weights) == 0:
         split_expert_amax(weights, amax, fmt=fmt)  # the reference's rule: amax a tensor with one entry per expert (none), or None
         return []
+    if spec.tile_rows > 1:
+        check_square_blocks(weights, spec)
     table = tables.table_for(weights, validate=lambda: _validate_list(weights))
     a = expert_amax(spec, amax, table)
     flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
@@ -132,6 +134,17 @@ def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.Expert
     if spec.from_data:
         return no_amax(table.device)
     return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+
+
+def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> None:
+    """``tile_2d`` over an expert list: the kernel views an expert ``[..., out, in]`` as one
+    ``[rows, in]`` matrix, whose square tiles are the reference's (those of the last two dims) when
+    the expert has at most two dims or ``out`` is a multiple of the tile; other experts raise
+    ``ValueError`` (the stacked call, ``fake_quant``, takes any shape)."""
+    for i, w in enumerate(weights):
+        if isinstance(w, torch.Tensor) and w.dim() > 2 and w.shape[-2] % spec.tile_rows:
+            raise ValueError(f"weights[{i}] has shape {tuple(w.shape)}: tile_2d over a list takes experts of at most two dims or "
+                             f"with out-features a multiple of {spec.tile_rows}; pass it as 2-D experts or through fake_quant")
 
 
 def _validate_list(weights: Sequence[torch.Tensor]) -> None:

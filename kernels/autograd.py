@@ -18,7 +18,7 @@ import torch
 
 from . import checks, launch, tables
 from .amax import reject_amax
-from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec, expert_amax
+from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec, check_square_blocks, expert_amax
 
 
 def _reference():
@@ -45,6 +45,8 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             spec = cached_spec(fmt, None, options)
             if spec.from_data:
                 reject_amax(fmt, amax)
+            if spec.tile_rows > 1:
+                check_square_blocks(weights, spec)
             table = tables.table_for(weights, validate=lambda: _validate_list(weights))
             view = expert_amax(spec, amax, table)
             flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)

@@ -50,11 +50,7 @@ here until it is listed."""
 DECLINED: dict[str, str] = {}
 """Registered formats the kernels decline, with the reason (``decline_reason``)."""
 
-TILE_2D_DECLINED = ("the kernel's block scales are 1 x block along in-features (a reduction within a row); the square tiles of "
-                    "tile_2d=True (NVFP4 16x16, MX 32x32, FP8 block-wise 128x128) reduce across rows and are not implemented")
-"""Why ``tile_2d=True`` is declined for every format that has the option."""
-
-OPTION_VALUES: dict[str, tuple] = {"block_size": (NVFP4_BLOCK,), "tile_2d": (False,)}
+OPTION_VALUES: dict[str, tuple] = {"block_size": (NVFP4_BLOCK,)}
 """The values the kernel implements of the registry options where it implements only some
 (the others raise ``ValueError``); an option not named here is implemented for every value."""
 
@@ -93,6 +89,8 @@ class QuantSpec:
     * ``lo``, ``qmax``: INT grid bounds (INT and INT4 group-wise; 0 for the other formats).
     * ``unsigned``: INT only; negative input is an error (checked in-kernel, raised on the host).
     * ``block``: elements per block along the row for block-scaled formats (0: none).
+    * ``tile_rows``: rows per block: 1 (``1 x block`` blocks along the row) or ``block`` (the square
+      tiles of ``tile_2d=True``).
     """
 
     fmt: str
@@ -101,6 +99,7 @@ class QuantSpec:
     qmax: float = 0.0
     unsigned: bool = False
     block: int = 0
+    tile_rows: int = 1
 
     @property
     def from_data(self) -> bool:
@@ -111,8 +110,8 @@ class QuantSpec:
 def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
     """Validate ``fmt``/``variant``/``options`` (the reference registry's rules) into a ``QuantSpec``.
 
-    Raises ``ValueError`` for an unknown format, a format or variant the kernels do not implement,
-    an NVFP4 block size other than 16 or ``tile_2d=True``; ``TypeError`` for options the implemented
+    Raises ``ValueError`` for an unknown format, a format or variant the kernels do not implement or
+    an NVFP4 block size other than 16; ``TypeError`` for options the implemented
     variant does not take (``block_amax`` included: it belongs to the ``modelopt_static`` variant) or
     of the wrong type.
     """
@@ -129,17 +128,14 @@ def parse_spec(fmt: str, variant: str | None, options: dict) -> QuantSpec:
         return QuantSpec(fmt, FMT_INT, lo, qmax, unsigned)
     if code == FMT_FP8:
         return QuantSpec(fmt, FMT_FP8)
-    if options.get("tile_2d", False) not in OPTION_VALUES["tile_2d"]:
-        blocks = "1x16 blocks" if code == FMT_NVFP4 else f"1x{_BLOCK_OF[code]} blocks"
-        raise ValueError(f"the {fmt} kernel implements {blocks} only, not tile_2d=True: {TILE_2D_DECLINED}")
     if code == FMT_INT4G:
         lo, qmax = spec.grid.bounds(unsigned=False, narrow_range=False)
         return QuantSpec(fmt, FMT_INT4G, lo, qmax, block=INT4_GROUP)
     if code == FMT_FP8B and options.get("fp32_scale", False):
         code = FMT_FP8B_FP32S
-    if code != FMT_NVFP4:
-        return QuantSpec(fmt, code, block=_BLOCK_OF[code])
-    block = options.get("block_size", NVFP4_BLOCK)
-    if block not in OPTION_VALUES["block_size"]:
-        raise ValueError(f"the nvfp4 kernel implements block_size={NVFP4_BLOCK} only, got {block!r}")
-    return QuantSpec(fmt, FMT_NVFP4, block=NVFP4_BLOCK)
+    if code == FMT_NVFP4:
+        block = options.get("block_size", NVFP4_BLOCK)
+        if block not in OPTION_VALUES["block_size"]:
+            raise ValueError(f"the nvfp4 kernel implements block_size={NVFP4_BLOCK} only, got {block!r}")
+    block = _BLOCK_OF[code]
+    return QuantSpec(fmt, code, block=block, tile_rows=block if options.get("tile_2d", False) else 1)

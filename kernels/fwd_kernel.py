@@ -6,7 +6,10 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ``reference/int_group.py`` ("cuda", 1x128), ``reference/fp8_block.py`` ("te", 1x128, pow2 scales or
 ``fp32_scale``), ``reference/mx.py`` ("floor", 1x32, E4M3 or E2M1 elements)).  Block formats load
 ``[BR, BC / block, block]`` tiles (``tiles.tile_3d``; a short last block of a row is zero-padded, as
-the reference pads it) and take the block amax as one integer max of the magnitude bits.  Scale
+the reference pads it) and take the block amax as one integer max of the magnitude bits; with
+``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
+tiles are ``[TILE_R, BC]`` as ``[1, TILE_R, BC / block, block]`` (``tiles.tile_4d``; partial tiles
+zero-padded in both dims) and the max runs over two axes.  Scale
 divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or ``tl.math.div_rn``
 where operands and quotient are provably normal); element rounding uses
 ``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
@@ -62,7 +65,7 @@ from .formats import (
     NVFP4_GLOBAL_SCALE_NUM,
     TINY_AMAX,
 )
-from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_count
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_count
 from .tl_rounding import (
     bits_to_f32,
     div_rn_normal,
@@ -281,13 +284,13 @@ def _mx_scales(A, EMAX: tl.constexpr):
 
 
 @triton.jit
-def _from_data_tile(bits, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr, IO: tl.constexpr,
-                    CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, INT_DIV: tl.constexpr):
-    """Output bits of a ``[BR, NB, BLOCK]`` tile of input ``bits`` (short blocks zero-padded) for a
-    format whose scales come from the data: the block amax ``A`` is one integer max of the magnitude
-    bits (exact; a NaN orders above inf), then the format's scales per block and its element
-    rounding on magnitudes, the input's sign OR-ed back (INT4 zero blocks: +0)."""
-    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
+def _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
+                    IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, INT_DIV: tl.constexpr):
+    """Output bits of a tile of input ``bits`` (blocks along its odd axes, partial blocks
+    zero-padded) for a format whose scales come from the data, given ``bmax``, the block max of
+    ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
+    the block amax ``A`` and its element rounding on magnitudes, the input's sign OR-ed back (INT4
+    zero blocks: +0)."""
     A = magnitude_bits_to_f32(bmax, IO)
     x = bits_to_f32(bits, IO)
     if FMT == _FMT_INT4G:
@@ -310,6 +313,21 @@ def _from_data_tile(bits, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl
         v = tl.abs(x) * s
         y = round_mag_e4m3(tl.minimum(v, _E4M3_MAX)) * inv  # 0 * inf (a block holding inf) is NaN
         return f32_to_bits(y, bits & sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16)
+
+
+@triton.jit
+def _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
+                HW_BF16: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
+    """NVFP4 output bits of a tile of input ``bits`` given ``bmax``, its block max of
+    ``magnitude_bits`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
+    ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
+    block_nan = bmax > inf_bits(IO)
+    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
+    if CHECK:
+        _flag_each(flag_ptr, 4, block_nan)
+        return f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
+    else:
+        return f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
 
 
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
@@ -341,6 +359,7 @@ def fake_quant_fwd_kernel(
     INT_DIV: tl.constexpr,
     FLAT: tl.constexpr,
     BLOCK: tl.constexpr,
+    TILE_R: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
     TPP: tl.constexpr,
@@ -368,8 +387,7 @@ def fake_quant_fwd_kernel(
                 a = tl.load(amax_ptr + e * amax_se)
         if FMT == _FMT_NVFP4:
             gd, mult = _nvfp4_scales(a, INT_DIV)
-            if CHECK:
-                bad = _bad_amax(a)
+            bad = _bad_amax(a)  # used only when CHECK
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
@@ -381,21 +399,24 @@ def fake_quant_fwd_kernel(
         for k in range(TPP):
             t = p * TPP + k
             if t < n_t:
-                if FMT >= _FROM_DATA:
+                if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
+                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK)
+                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    bmax = tl.max(tl.max(magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=1, keep_dims=True)
+                    if FMT == _FMT_NVFP4:
+                        out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                    else:
+                        out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
+                elif FMT >= _FROM_DATA:
                     tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, BLOCK)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    out = _from_data_tile(bits, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
+                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
+                    out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
                 elif FMT == _FMT_NVFP4:
                     tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, _NVB)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)  # step 4, exact
-                    block_nan = bmax > inf_bits(IO)
-                    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
-                    if CHECK:
-                        _flag_each(flag_ptr, 4, block_nan)
-                        out = f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
-                    else:
-                        out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
+                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
+                    out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
                 else:
                     tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")

@@ -119,12 +119,12 @@ class TritonBackend:
         self._check_variant(fmt, variant)
         k = self._kernels
         from moe_fq_parity.kernels import api, launch, tables
-        from moe_fq_parity.kernels.amax import amax_for_stacked
+        from moe_fq_parity.kernels.amax import amax_for_stacked, no_amax
 
         spec = api.cached_spec(fmt, variant, options)
         if stacked is not None:
             out = torch.empty_like(stacked)
-            view = amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=fmt == "nvfp4")
+            view = no_amax(stacked.device) if spec.from_data else amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=fmt == "nvfp4")
             return {
                 "default": lambda: k.fake_quant(stacked, amax, fmt, variant, **options),
                 "unchecked": lambda: k.fake_quant(stacked, amax, fmt, variant, check_values=False, **options),
@@ -132,7 +132,7 @@ class TritonBackend:
             }
         ws = list(weights)
         table = tables.table_for(ws, validate=lambda: None)
-        view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=fmt == "nvfp4")
+        view = api.expert_amax(spec, amax, table)
         flat, _ = tables.alloc_outputs(table, ws[0].dtype, table.device)
         return {
             "default": lambda: k.fake_quant_experts(ws, amax, fmt, variant, **options),

@@ -8,7 +8,8 @@ subnormals; ``2**-24`` and its neighbours (INT4's zero-block rule).  Blocks also
 subnormals, all-zero blocks (``+0``/``-0``), and (where the format allows them) ±inf and NaN:
 alone, together and beside finite values.  Rows are a full block plus a short one (in-features not
 a multiple of the block), N in {1, 4, 7} experts, list (ragged, empty experts) and stacked layouts,
-bf16/fp16/fp32, forward and both straight-through backwards.
+bf16/fp16/fp32, forward and both straight-through backwards; the square tiles of ``tile_2d`` (FP8
+block-wise 128x128, MX 32x32, NVFP4 16x16) with partial tiles in both dims.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import pytest
 import torch
 
 from moe_fq_parity import kernels, reference
-from moe_fq_parity.kernels.formats import TILE_2D_DECLINED, parse_spec
+from moe_fq_parity.kernels.formats import parse_spec
 
-from .bitcheck import INT_VIEW, assert_same_bits
+from .bitcheck import AMAX_MODES, INT_VIEW, amax_stack, assert_same_bits, expert_weights
 
 FORMATS = [("int4_group", {}), ("fp8_block", {}), ("fp8_block", {"fp32_scale": True}), ("mxfp8", {}), ("mxfp4", {})]
 FORMAT_IDS = ["int4_group", "fp8_block", "fp8_block-fp32_scale", "mxfp8", "mxfp4"]
@@ -215,9 +216,79 @@ def test_amax_is_refused_like_the_reference(fmt: str, device: str) -> None:
     assert kernels.fake_quant_experts([], None, fmt) == []
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "mxfp4"])
-def test_tile_2d_is_declined_with_the_reason(fmt: str) -> None:
-    with pytest.raises(ValueError, match="not tile_2d=True"):
-        parse_spec(fmt, None, {"tile_2d": True})
-    assert "reduce across rows" in TILE_2D_DECLINED
-    parse_spec(fmt, None, {"tile_2d": False})
+FORMATS_2D = [("fp8_block", {}), ("fp8_block", {"fp32_scale": True}), ("mxfp8", {}), ("mxfp4", {})]
+FORMAT_2D_IDS = ["fp8_block", "fp8_block-fp32_scale", "mxfp8", "mxfp4"]
+
+
+def square_tiles(gen: torch.Generator, dtype: torch.dtype, block: int, cols: int, tiles: int) -> torch.Tensor:
+    """Rows in groups of ``block``: every group shares one boundary amax (``tiles`` of
+    ``boundary_amaxes``, evenly spread, the smallest and largest included), so every square tile of
+    the group holds it; then the special rows of ``block_rows`` (all-zero, inf, NaN)."""
+    amaxes = boundary_amaxes(dtype)
+    pick = torch.linspace(0, amaxes.numel() - 1, tiles).round().long().unique()
+    return block_rows(gen, amaxes[pick].repeat_interleave(block), cols, block, True)
+
+
+@pytest.mark.parametrize("n", [1, 4, 7])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("fmt,options", FORMATS_2D, ids=FORMAT_2D_IDS)
+def test_tile_2d_matches_reference(fmt: str, options: dict, dtype: torch.dtype, n: int, gen: torch.Generator, device: str) -> None:
+    """Square tiles (``tile_2d=True``: FP8 block-wise 128x128, MX 32x32): partial tiles in both dims
+    (rows and in-features not multiples of the tile), list (ragged, an empty expert) and stacked."""
+    block = BLOCK[fmt]
+    opts = dict(options, tile_2d=True)
+    rows = square_tiles(gen, dtype, block, block + block // 2 + 3, 24 if block == 128 else 160)
+    cut = [0, *sorted(torch.randperm(rows.shape[0] - 1, generator=gen)[: n - 1].add(1).tolist()), rows.shape[0]]
+    ws = [rows[a:b, : rows.shape[1] - (i % 3) * 7].contiguous().to(device) for i, (a, b) in enumerate(zip(cut, cut[1:]))]
+    if n > 1:
+        ws[1] = ws[1][:0].contiguous()
+    got = kernels.fake_quant_experts(ws, None, fmt, **opts)
+    assert_same_bits(got, reference.fake_quant_experts(ws, None, fmt, **opts), ws, case=f"{fmt}{opts}/list/{dtype}/N={n}")
+    r = rows.shape[0] // n
+    x = rows[: n * r].reshape(n, r, -1).contiguous().to(device)
+    got = kernels.fake_quant(x, None, fmt, **opts)
+    assert_same_bits([got], [reference.fake_quant(x, None, fmt, **opts)], [x], case=f"{fmt}{opts}/stacked/{dtype}/N={n}")
+
+
+@pytest.mark.parametrize("n", [1, 4, 7])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16", "fp32"])
+def test_nvfp4_tile_2d_matches_reference(dtype: torch.dtype, n: int, gen: torch.Generator, device: str) -> None:
+    """NVFP4 16x16 tiles under a per-expert global amax (the amax modes of the 1D tests): list
+    (ragged, partial tiles, an empty expert) and stacked."""
+    shapes = [(37, 40), (0, 24), (16, 33), (5, 130), (64, 16), (1, 1), (20, 100)][:n]
+    ws = [w.to(device) for w in expert_weights(gen, shapes, dtype, specials=False)]
+    amax = amax_stack(ws, [AMAX_MODES[i % len(AMAX_MODES)] for i in range(n)], per_channel=False).to(device)
+    got = kernels.fake_quant_experts(ws, amax, "nvfp4", tile_2d=True)
+    assert_same_bits(got, reference.fake_quant_experts(ws, amax, "nvfp4", tile_2d=True), ws, case=f"nvfp4/2d/list/{dtype}/N={n}")
+    x = torch.stack(expert_weights(gen, [(40, 72)] * n, dtype, specials=False)).to(device)
+    a = amax_stack(list(x), ["max", "below", "odd", "above", "zero", "tiny", "edge"][:n], per_channel=False).to(device)
+    got1 = kernels.fake_quant(x, a, "nvfp4", tile_2d=True)
+    assert_same_bits([got1], [reference.fake_quant(x, a, "nvfp4", tile_2d=True)], [x], case=f"nvfp4/2d/stacked/{dtype}/N={n}")
+
+
+def test_tile_2d_list_experts_of_more_dims(device: str) -> None:
+    """Over a list, an expert of more than two dims takes square tiles only when its out-features are
+    a multiple of the tile (its rows are then the reference's tiles); otherwise ``ValueError``."""
+    x = torch.randn(2, 64, 40).to(torch.bfloat16).to(device)
+    got = kernels.fake_quant_experts([x], None, "mxfp8", tile_2d=True)
+    assert_same_bits(got, reference.fake_quant_experts([x], None, "mxfp8", tile_2d=True), [x], case="3-D expert")
+    with pytest.raises(ValueError, match="out-features a multiple of 32"):
+        kernels.fake_quant_experts([torch.ones(2, 5, 40, dtype=torch.bfloat16, device=device)], None, "mxfp8", tile_2d=True)
+    y = torch.randn(2, 5, 40).to(torch.bfloat16).to(device)
+    assert_same_bits([kernels.fake_quant(y, None, "mxfp8", tile_2d=True)], [reference.fake_quant(y, None, "mxfp8", tile_2d=True)], case="stacked")
+
+
+@pytest.mark.parametrize("fmt,options", [("mxfp4", {}), ("fp8_block", {"tile_2d": True})], ids=["mxfp4", "fp8_block-2d"])
+def test_backend_timed_entries_without_amax(fmt: str, options: dict, gen: torch.Generator, device: str) -> None:
+    """The perf check's timed closures of the harness's Triton backend take ``amax=None``."""
+    from moe_fq_parity.harness.backends.triton_backend import TritonBackend
+
+    ws = [w.to(device) for w in _experts(gen, "int4_group", torch.bfloat16, 1) * 3]
+    want = reference.fake_quant_experts(ws, None, fmt, **options)
+    entries = TritonBackend().timed_entries(ws, None, fmt, **options)
+    for name in ("default", "unchecked"):
+        assert_same_bits(entries[name](), want, ws, case=f"{fmt}/{name}")
+    entries["kernel"]()
+    entries = TritonBackend().timed_entries(ws, None, fmt, stacked=torch.stack(ws), **options)
+    assert_same_bits([entries["default"]()], [torch.stack(want)], case=f"{fmt}/stacked")
+    entries["kernel"]()

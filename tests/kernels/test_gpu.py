@@ -48,6 +48,14 @@ def _jobs(gen: torch.Generator) -> list[dict]:
         jobs.append(dict(op="stacked", fmt=fmt, options=options, x=x.contiguous(), amax=None))
         ws = expert_weights(gen, [(48, 160)] * 3, torch.float16, specials=fmt != "int4_group")
         jobs.append(dict(op="experts", fmt=fmt, options=options, x=ws, amax=None))
+        if fmt != "int4_group":  # square tiles: 128x128 or 32x32, partial ones in both dims
+            jobs.append(dict(op="stacked", fmt=fmt, options={**options, "tile_2d": True}, x=x.reshape(2, 128, 256)[:, :100, :200].contiguous(),
+                             amax=None))  # fmt: skip
+            ws = expert_weights(gen, [(150, 300), (0, 8), (33, 40)], torch.bfloat16)
+            jobs.append(dict(op="experts", fmt=fmt, options={**options, "tile_2d": True}, x=ws, amax=None))
+    ws = expert_weights(gen, [(64, 200), (0, 8), (33, 40), (128, 1024)], torch.bfloat16, specials=False)
+    jobs.append(dict(op="experts", fmt="nvfp4", options={"tile_2d": True}, x=ws, amax=amax_stack(ws, ["max", "odd", "below", "zero"],
+                                                                                                   per_channel=False)))  # fmt: skip
     ws = expert_weights(gen, [(40, 72), (0, 5), (40, 72)], torch.bfloat16)
     grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16) for w in ws]
     jobs.append(dict(op="clipped", fmt="", options={}, x=ws, amax=amax_stack(ws, ["below", "max", "odd"], per_channel=False), grads=grads))
