@@ -65,6 +65,8 @@ DEFAULT_VARIANTS: dict[str, str] = {f: v for f, (_, v) in _IMPLEMENTED.items()}
 """The reference variant each kernel format reproduces bit for bit."""
 FORMATS: tuple[str, ...] = tuple(_IMPLEMENTED)
 """The formats the kernels implement."""
+AMAX_FORMATS: tuple[str, ...] = tuple(f for f, (code, _) in _IMPLEMENTED.items() if code < FIRST_FROM_DATA)
+"""The formats the kernels implement that take an amax (the others' scales come from the data)."""
 
 IO_BF16, IO_FP16, IO_FP32 = 0, 1, 2
 IO_CODES: dict[torch.dtype, int] = {torch.bfloat16: IO_BF16, torch.float16: IO_FP16, torch.float32: IO_FP32}

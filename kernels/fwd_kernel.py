@@ -9,9 +9,10 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
 tiles are ``[TILE_R, BC]`` as ``[1, TILE_R, BC / block, block]`` (``tiles.tile_4d``; partial tiles
-zero-padded in both dims) and the max runs over two axes.  Scale
-divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or ``tl.math.div_rn``
-where operands and quotient are provably normal); element rounding uses
+zero-padded in both dims) and the max runs over two axes.
+
+Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
+``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
 ``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
 bits in one instruction).  Per-expert scales are computed once per program, which then loops over
 ``TPP`` tiles of its expert.
@@ -52,7 +53,6 @@ from .formats import (
     E4M3_MAX,
     FIRST_FROM_DATA,
     FMT_FP8,
-    FMT_FP8B,
     FMT_FP8B_FP32S,
     FMT_INT,
     FMT_INT4G,
@@ -84,7 +84,6 @@ _FMT_INT = tl.constexpr(FMT_INT)
 _FMT_FP8 = tl.constexpr(FMT_FP8)
 _FMT_NVFP4 = tl.constexpr(FMT_NVFP4)
 _FMT_INT4G = tl.constexpr(FMT_INT4G)
-_FMT_FP8B = tl.constexpr(FMT_FP8B)
 _FMT_FP8B_FP32S = tl.constexpr(FMT_FP8B_FP32S)
 _FMT_MXFP8 = tl.constexpr(FMT_MXFP8)
 _FMT_MXFP4 = tl.constexpr(FMT_MXFP4)
@@ -237,7 +236,7 @@ def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
 
 @triton.jit
 def _int4g_magnitude(x, A, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
-    """INT4 group-wise "cuda" on a ``[BR, NB, 128]`` tile given the block amax ``A`` ``[BR, NB, 1]``:
+    """INT4 group-wise "cuda" on a ``[BR, NB, 128]`` tile ``x`` given the block amax ``A`` ``[BR, NB, 1]``:
     ``s = RN(7/A)``, ``q = clamp(rint(RN(x*s)), -8, 7)``, ``|RN(q/s)|``; ``zero`` (the whole block
     writes +0) where ``A < 2**-24``.  A block with a non-finite ``A`` gives garbage the caller replaces."""
     s, s2, r2, zero = _int_scales(A, QMAX, INT_DIV)
@@ -286,9 +285,9 @@ def _mx_scales(A, EMAX: tl.constexpr):
 @triton.jit
 def _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
                     IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, INT_DIV: tl.constexpr):
-    """Output bits of a tile of input ``bits`` (blocks along its odd axes, partial blocks
-    zero-padded) for a format whose scales come from the data, given ``bmax``, the block max of
-    ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
+    """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, R, NB, block]`` for
+    square blocks; partial blocks zero-padded) for a format whose scales come from the data, given
+    ``bmax``, the block max of ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
     the block amax ``A`` and its element rounding on magnitudes, the input's sign OR-ed back (INT4
     zero blocks: +0)."""
     A = magnitude_bits_to_f32(bmax, IO)
