@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from moe_fq_parity.cases.shapes import N_VALUES, NEMOTRON, ULTRA_PRODUCTION, WIDE_ACCEPTANCE
-from moe_fq_parity.kernels.formats import FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import AMAX_FORMATS as FORMATS, parse_spec
 
 SHAPES: dict[str, tuple[int, int]] = {f"{model}_fc1": NEMOTRON[model]["fc1"] for model in ("nano", "super", "ultra")}
 """The timed routed-expert shapes (fc1 of Nemotron 3 Nano / Super / Ultra)."""

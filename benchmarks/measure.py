@@ -20,7 +20,7 @@ from moe_fq_parity import reference
 from moe_fq_parity.harness.core.timing import copy_us_at, host_samples_us, time_call
 from moe_fq_parity.kernels import api, checks, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
-from moe_fq_parity.kernels.formats import FMT_NVFP4, FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import FMT_NVFP4, AMAX_FORMATS as FORMATS, parse_spec
 
 from .cases import kind_of, make_experts
 

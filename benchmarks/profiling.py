@@ -9,7 +9,7 @@ import torch
 
 from moe_fq_parity.kernels import launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
-from moe_fq_parity.kernels.formats import FMT_FP8, FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import FMT_FP8, AMAX_FORMATS as FORMATS, parse_spec
 from moe_fq_parity.kernels.geometry import grid_for
 from moe_fq_parity.kernels.launch import BWD_CONFIG, FWD_CONFIG, KernelConfig, tile_for
 

@@ -3,7 +3,7 @@ as % of copy bandwidth, the same-size copy, host us and the speedup over the eag
 
 from __future__ import annotations
 
-from moe_fq_parity.kernels.formats import FORMATS
+from moe_fq_parity.kernels.formats import AMAX_FORMATS as FORMATS
 
 from .measure import CaseResult
 

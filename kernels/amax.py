@@ -101,3 +101,35 @@ def amax_for_rows(amax: torch.Tensor, shapes, common: int | None, device: torch.
     if a.dim() == 2 and a.shape[0] == n and not nvfp4 and common == a.shape[1]:
         return AmaxView(a, a.stride(0), a.stride(1), True)
     return amax_for_list(amax, [r for r, _ in shapes], device, nvfp4=nvfp4)
+
+
+_NO_AMAX: dict[torch.device, AmaxView] = {}
+
+
+def no_amax(device: torch.device) -> AmaxView:
+    """The view a format without amax (scales from the data) launches with: one fp32 ``+inf`` read
+    by no forward, and by the clipped backward as every element's bound (``|x| <= inf`` keeps every
+    gradient but that of NaN ``x``, the reference's clipped STE with ``amax=None``)."""
+    view = _NO_AMAX.get(device)
+    if view is None:
+        view = _NO_AMAX[device] = AmaxView(torch.full((1,), float("inf"), dtype=torch.float32, device=device), 0, 0, False)
+    return view
+
+
+def reject_amax(fmt: str, amax: object, x: torch.Tensor | None = None) -> None:
+    """Raise as the reference does when a format whose scales come from the data gets an amax:
+    ``TypeError`` for a non-tensor, ``ValueError`` naming the granularity for a tensor (``x``: the
+    stacked input the granularity is read against; a list's amax is per expert or per channel)."""
+    if amax is None:
+        return
+    from moe_fq_parity.reference.formats import format_spec
+    from moe_fq_parity.reference.granularity import FROM_DATA, granularity_of
+
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"{fmt} takes no amax (granularity {FROM_DATA}: its scales come from the data); pass amax=None")
+    if x is not None:
+        gran = granularity_of(x, amax)
+    else:
+        gran = "per_channel" if amax.dim() == 2 else "per_expert"
+    raise ValueError(format_spec(fmt).granularity_problem(gran))
+

@@ -11,10 +11,10 @@ Each call is one kernel launch (none for empty input or pass-through backward) a
 exactly the bits of the reference default variant (``variant=None``).
 
 Checks (``check_values``, see ``kernels/checks.py``): the kernel itself checks amax values and,
-where the reference raises on input values (negative input to unsigned INT, NaN input to NVFP4),
-the input.  ``True`` (default) never blocks the host: on a CUDA device the ``ValueError`` is raised
-by a later checked call (or ``kernels.raise_pending_errors()``) and the bad outputs are NaN;
-``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
+where the reference raises on input values (negative input to unsigned INT, NaN input to NVFP4,
+NaN or inf input to INT4 group-wise), the input.  ``True`` (default) never blocks the host: on a
+CUDA device the ``ValueError`` is raised by a later checked call (or
+``kernels.raise_pending_errors()``) and the bad outputs are NaN; ``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
 (``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 
 from . import checks, env, launch, tables
-from .amax import amax_for_list, amax_for_rows, amax_for_stacked
+from .amax import AmaxView, amax_for_list, amax_for_rows, amax_for_stacked, no_amax, reject_amax
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
 from moe_fq_parity.reference.api import split_expert_amax
@@ -73,9 +73,12 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
     """Fake-quantize ``x`` (``[..., out, in]``, contiguous) with one kernel launch; output dtype = ``x.dtype``.
 
     * ``amax``: per tensor ``()``, per expert ``x.shape[:-2]``, per channel ``x.shape[:-1]``
-      (NVFP4: the global amax, per tensor or per expert), on ``x``'s device.
+      (NVFP4: the global amax, per tensor or per expert), on ``x``'s device; ``None`` for the formats
+      whose scales come from the data (``int4_group``, ``fp8_block``, ``mxfp8``, ``mxfp4``), which
+      refuse an amax as the reference does.
     * ``variant``: ``None``/``"default"`` or the default's name; others raise ``ValueError``.
-    * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size`` (16 only).
+    * ``options``: INT ``unsigned``, ``narrow_range``; NVFP4 ``block_size`` (16 only); FP8 block-wise
+      ``fp32_scale``; ``tile_2d`` (MX, FP8 block-wise, NVFP4: square tiles of the last two dims).
     * ``check_values``: ``True`` (asynchronous checks), ``"sync"`` or ``False``; see the module docstring.
 
     Example: ``fake_quant(w, w.abs().amax(dim=(1, 2)).float(), "fp8_e4m3")`` for ``w`` ``[N, out, in]``.
@@ -83,7 +86,11 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
     spec = cached_spec(fmt, variant, options)
     mode = checks.check_mode(check_values)
     check_stacked(x)
-    a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4)
+    if spec.from_data:
+        reject_amax(fmt, amax, x)
+        a = no_amax(x.device)
+    else:
+        a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4)
     env.require_kernel(x.device)
     out = torch.empty_like(x)
     if x.numel():
@@ -96,7 +103,8 @@ def fake_quant_experts(
 ) -> list[torch.Tensor]:
     """Fake-quantize N experts (each ``[..., in]``, contiguous, one dtype and device) in one launch.
 
-    * ``amax``: ``[N]`` fp32 (per expert) or ``[N, out]`` (per channel; every expert ``[out, in]``).
+    * ``amax``: ``[N]`` fp32 (per expert) or ``[N, out]`` (per channel; every expert ``[out, in]``);
+      ``None`` for a format whose scales come from the data.
     * Returns N tensors shaped like the inputs (views into one buffer, each 128-byte aligned).
     * ``N = 0`` returns ``[]``; zero-size experts return empty tensors.
     * ``check_values``: ``True`` (asynchronous checks, no host sync), ``"sync"`` (raises in the
@@ -105,15 +113,38 @@ def fake_quant_experts(
     spec = cached_spec(fmt, variant, options)
     mode = checks.check_mode(check_values)
     _require_list(weights, "weights")
+    if spec.from_data:
+        reject_amax(fmt, amax)
     if len(weights) == 0:
-        split_expert_amax(weights, amax)  # the reference's rule: amax a tensor with one entry per expert (none)
+        split_expert_amax(weights, amax, fmt=fmt)  # the reference's rule: amax a tensor with one entry per expert (none), or None
         return []
+    if spec.tile_rows > 1:
+        check_square_blocks(weights, spec)
     table = tables.table_for(weights, validate=lambda: _validate_list(weights))
-    a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+    a = expert_amax(spec, amax, table)
     flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
     if table.total or mode:
         launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
+
+
+def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.ExpertTable) -> AmaxView:
+    """The amax view of a list launch of ``spec`` over ``table`` (``no_amax`` for a format whose
+    scales come from the data; the caller has rejected an amax for it)."""
+    if spec.from_data:
+        return no_amax(table.device)
+    return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+
+
+def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> None:
+    """``tile_2d`` over an expert list: the kernel views an expert ``[..., out, in]`` as one
+    ``[rows, in]`` matrix, whose square tiles are the reference's (those of the last two dims) when
+    the expert has at most two dims or ``out`` is a multiple of the tile; other experts raise
+    ``ValueError`` (the stacked call, ``fake_quant``, takes any shape)."""
+    for i, w in enumerate(weights):
+        if isinstance(w, torch.Tensor) and w.dim() > 2 and w.shape[-2] % spec.tile_rows:
+            raise ValueError(f"weights[{i}] has shape {tuple(w.shape)}: tile_2d over a list takes experts of at most two dims or "
+                             f"with out-features a multiple of {spec.tile_rows}; pass it as 2-D experts or through fake_quant")
 
 
 def _validate_list(weights: Sequence[torch.Tensor]) -> None:
@@ -126,9 +157,11 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {STE_MODES}, got {mode!r}")
 
 
-def ste_backward(x: torch.Tensor, amax: torch.Tensor, grad_out: torch.Tensor, mode: str) -> torch.Tensor:
+def ste_backward(x: torch.Tensor, amax: torch.Tensor | None, grad_out: torch.Tensor, mode: str) -> torch.Tensor:
     """Input gradient of fake quant: ``grad_out`` itself (pass-through, no launch, no copy) or, for
-    ``clipped``, ``grad_out`` where ``|x| <= amax`` else ``+0`` (one launch).  See ``reference.ste``."""
+    ``clipped``, ``grad_out`` where ``|x| <= amax`` else ``+0`` (one launch).  ``amax=None`` (a format
+    whose scales come from the data): ``clipped`` keeps every gradient but that of NaN ``x``.  See
+    ``reference.ste``."""
     _check_mode(mode)
     check_stacked(x)
     check_stacked(grad_out, "grad_out")
@@ -136,7 +169,7 @@ def ste_backward(x: torch.Tensor, amax: torch.Tensor, grad_out: torch.Tensor, mo
         raise ValueError(f"grad shape {tuple(grad_out.shape)} != input shape {tuple(x.shape)}")
     if grad_out.device != x.device:
         raise ValueError(f"grad_out is on {grad_out.device} but x is on {x.device}")
-    a = amax_for_stacked(amax, x.shape, x.device, nvfp4=False)
+    a = no_amax(x.device) if amax is None else amax_for_stacked(amax, x.shape, x.device, nvfp4=False)
     if mode == "pass_through":
         return grad_out
     env.require_kernel(x.device)
@@ -147,11 +180,13 @@ def ste_backward(x: torch.Tensor, amax: torch.Tensor, grad_out: torch.Tensor, mo
 
 
 def ste_backward_experts(
-    weights: Sequence[torch.Tensor], amax: torch.Tensor, grads: Sequence[torch.Tensor], mode: str
+    weights: Sequence[torch.Tensor], amax: torch.Tensor | None, grads: Sequence[torch.Tensor], mode: str
 ) -> list[torch.Tensor]:
     """Per-expert straight-through backward for N experts in (at most) one launch.
 
     No amax value checks (the forward checked the same amax; a NaN amax gives zero gradients).
+    ``amax=None`` (a format whose scales come from the data): ``clipped`` keeps every gradient but
+    that of NaN ``x``.
     """
     _check_mode(mode)
     _require_list(weights, "weights")
@@ -162,15 +197,16 @@ def ste_backward_experts(
         return []
     if mode == "pass_through":
         _validate_pairs(weights, grads, kernel=False)
-        amax_for_list(amax, [expert_matrix_shape(w)[0] for w in weights], weights[0].device, nvfp4=False)
+        if amax is not None:
+            amax_for_list(amax, [expert_matrix_shape(w)[0] for w in weights], weights[0].device, nvfp4=False)
         return list(grads)
     return _clipped_launch(weights, grads, amax)
 
 
-def _clipped_launch(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], amax: torch.Tensor) -> list[torch.Tensor]:
+def _clipped_launch(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], amax: torch.Tensor | None) -> list[torch.Tensor]:
     """The clipped-STE kernel over an expert list (validated on a table-cache miss); one launch."""
     table = tables.table_for(weights, grads, validate=lambda: _validate_pairs(weights, grads))
-    a = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
+    a = no_amax(table.device) if amax is None else amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=False)
     flat, outs = tables.alloc_outputs(table, grads[0].dtype, table.device)
     if table.total:
         launch.bwd_list(table, weights, grads, flat, a)

@@ -17,9 +17,8 @@ from typing import Sequence
 import torch
 
 from . import checks, launch, tables
-from .amax import amax_for_rows
-from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec
-from .formats import FMT_NVFP4
+from .amax import reject_amax
+from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec, check_square_blocks, expert_amax
 
 
 def _reference():
@@ -38,13 +37,18 @@ class FakeQuantExpertsFn(torch.autograd.Function):
     def forward(ctx, amax, fmt, options, ste_mode, use_kernel, check, *weights):  # type: ignore[override]
         ctx.ste_mode = ste_mode
         ctx.use_kernel = use_kernel
+        ctx.fmt = fmt
         ctx.set_materialize_grads(False)  # unused outputs give None: no zero tensors, no work
         if ste_mode == "clipped":
             ctx.save_for_backward(amax, *weights)
         if use_kernel:
             spec = cached_spec(fmt, None, options)
+            if spec.from_data:
+                reject_amax(fmt, amax)
+            if spec.tile_rows > 1:
+                check_square_blocks(weights, spec)
             table = tables.table_for(weights, validate=lambda: _validate_list(weights))
-            view = amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+            view = expert_amax(spec, amax, table)
             flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
             if table.total or check:
                 launch.fwd_list(table, weights, flat, view, spec, check=check)
@@ -66,11 +70,11 @@ class FakeQuantExpertsFn(torch.autograd.Function):
         else:
             ws = [weights[i] for i in live]
             gs = [grads[i].contiguous() for i in live]
-            a = amax[live]
+            a = None if amax is None else amax[live]
         if ctx.use_kernel:
             res = _clipped_launch(ws, gs, a)
         else:
-            res = _reference().ste_backward_experts(ws, a, gs, "clipped")
+            res = _reference().ste_backward_experts(ws, a, gs, "clipped", fmt=ctx.fmt)
         for i, r in zip(live, res):
             out[i] = r
         return head + tuple(out)
@@ -87,6 +91,7 @@ class FakeQuantStackedFn(torch.autograd.Function):
     def forward(ctx, amax, fmt, options, ste_mode, use_kernel, check, weight):  # type: ignore[override]
         ctx.ste_mode = ste_mode
         ctx.use_kernel = use_kernel
+        ctx.fmt = fmt
         if ste_mode == "clipped":
             ctx.save_for_backward(amax, weight)
         if use_kernel:
@@ -105,13 +110,13 @@ class FakeQuantStackedFn(torch.autograd.Function):
             from .api import ste_backward
 
             return head + (ste_backward(weight, amax, grad.contiguous(), "clipped"),)
-        rows = _reference().ste_backward_experts(list(weight.unbind(0)), amax, list(grad.unbind(0)), "clipped")
+        rows = _reference().ste_backward_experts(list(weight.unbind(0)), amax, list(grad.unbind(0)), "clipped", fmt=ctx.fmt)
         return head + (torch.stack(rows) if rows else torch.zeros_like(grad),)
 
 
 def fake_quant_stacked_ste(
     weight: torch.Tensor,
-    amax: torch.Tensor,
+    amax: torch.Tensor | None,
     fmt: str,
     *,
     ste_mode: str = "pass_through",
@@ -131,7 +136,7 @@ def fake_quant_stacked_ste(
 
 def fake_quant_experts_ste(
     weights: Sequence[torch.Tensor],
-    amax: torch.Tensor,
+    amax: torch.Tensor | None,
     fmt: str,
     *,
     ste_mode: str = "pass_through",
@@ -139,7 +144,9 @@ def fake_quant_experts_ste(
     check_values: bool | str = True,
     **options,
 ) -> list[torch.Tensor]:
-    """Differentiable grouped fake quant of N experts (``amax`` ``[N]`` or ``[N, out]``, fp32).
+    """Differentiable grouped fake quant of N experts (``amax`` ``[N]`` or ``[N, out]``, fp32; ``None``
+    for a format whose scales come from the data: its clipped backward keeps every gradient but
+    that of NaN weights).
 
     * ``ste_mode``: ``"pass_through"`` (Model-Optimizer's default) or ``"clipped"``.
     * ``use_kernel``: Triton kernel (True) or the per-expert reference loop (False): same bits.

@@ -10,10 +10,12 @@ slot  set when
 2     amax is negative
 3     unsigned INT got a negative input element
 4     NVFP4 got a NaN input element
+5     INT4 group-wise got a NaN or inf input element
 ====  ==========================================================================================
 
 and writes the canonical NaN where the bad value acts (every output of an expert or row whose
-amax is bad, the negative element of an unsigned INT input, the 16-element block of an NVFP4 NaN):
+amax is bad, the negative element of an unsigned INT input, the 16-element block of an NVFP4 NaN,
+the 128-element group of an INT4 group-wise NaN or inf):
 a checked call never returns finite numbers computed from bad input.
 
 ``check_values`` of the public calls:
@@ -39,8 +41,8 @@ from __future__ import annotations
 
 import torch
 
-SLOTS = 5
-AMAX_NAN, AMAX_INF, AMAX_NEG, UNSIGNED_NEG, NVFP4_NAN = range(SLOTS)
+SLOTS = 6
+AMAX_NAN, AMAX_INF, AMAX_NEG, UNSIGNED_NEG, NVFP4_NAN, INT4G_NONFINITE = range(SLOTS)
 CHECK_MODES = (True, False, "sync")
 
 _MESSAGES = (
@@ -49,6 +51,7 @@ _MESSAGES = (
     "amax is negative; amax must be finite and >= 0",
     "unsigned INT quantization got negative input values (Model-Optimizer rejects them too)",
     "NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined",
+    "int4_group fake quant got NaN or inf input: a non-finite block amax has no INT scale",
 )
 
 

@@ -2,7 +2,16 @@
 
 Per format the fp32 op sequence is the reference default variant's (see the module docstrings of
 ``reference/int_quant.py`` ("cuda"), ``reference/fp8_e4m3.py`` ("cuda"), ``reference/nvfp4.py``
-("te")).  Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
+("te"), and for the formats whose scales come from the data, one per block along the row,
+``reference/int_group.py`` ("cuda", 1x128), ``reference/fp8_block.py`` ("te", 1x128, pow2 scales or
+``fp32_scale``), ``reference/mx.py`` ("floor", 1x32, E4M3 or E2M1 elements)).  Block formats load
+``[BR, BC / block, block]`` tiles (``tiles.tile_3d``; a short last block of a row is zero-padded, as
+the reference pads it) and take the block amax as one integer max of the magnitude bits; with
+``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
+tiles are ``[TILE_R, BC]`` as ``[1, TILE_R, BC / block, block]`` (``tiles.tile_4d``; partial tiles
+zero-padded in both dims) and the max runs over two axes.
+
+Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
 ``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
 ``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
 bits in one instruction).  Per-expert scales are computed once per program, which then loops over
@@ -10,10 +19,10 @@ bits in one instruction).  Per-expert scales are computed once per program, whic
 
 Every format's output has the sign of its input (the scales are positive and every rounding step
 keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is
-OR-ed into the output bits; the exceptions are per-expert constants: INT with amax < 2**-24 writes
-+0 for every element (an explicit select of the magnitude, sign mask and NaN pattern, so compiled
-and interpreted kernels agree whatever their dequantization path) and NaN input writes the
-canonical NaN.
+OR-ed into the output bits; the exceptions are per-expert (per-block) constants: INT with amax
+< 2**-24 (an INT4 group with block amax < 2**-24) writes +0 for every element (an explicit select
+of the magnitude, sign mask and NaN pattern, so compiled and interpreted kernels agree whatever
+their dequantization path) and NaN input writes the canonical NaN.
 
 amax ``-0.0`` is valid (``-0.0 >= 0``) and gives the bits of ``+0.0`` in every format, as in the
 reference: INT and FP8 only compare amax with 2**-24, NVFP4 selects ``+0.0`` for it explicitly.
@@ -21,12 +30,17 @@ reference: INT and FP8 only compare amax with 2**-24, NVFP4 selects ``+0.0`` for
 Checks (``CHECK``; slots and host side in ``kernels/checks.py``): program ``(0, e)`` checks every
 amax entry of expert ``e`` (empty experts included): NaN -> ``flag[0]``, +-inf -> ``flag[1]``,
 negative -> ``flag[2]``; unsigned INT with a negative input -> ``flag[3]``; NVFP4 with a NaN input
--> ``flag[4]``.  Each flag is a plain store of 1 (idempotent: no atomics, any program order).  A
+-> ``flag[4]``; INT4 group-wise with a NaN or inf input -> ``flag[5]`` (formats without amax check
+no amax).  Each flag is a plain store of 1 (idempotent: no atomics, any program order).  A
 checked launch also writes the canonical NaN wherever a bad value acts: all of an expert (or row,
 per channel) whose amax is bad, a negative element of an unsigned INT input, an NVFP4 block
 holding a NaN.  With checks off the defined results are: unsigned negative input -> -0; NVFP4
-block holding a NaN -> every element of the block is the canonical NaN; bad amax -> whatever the
-arithmetic gives (not an error).
+block holding a NaN, INT4 group holding a NaN or inf -> every element of the block is the
+canonical NaN; bad amax -> whatever the arithmetic gives (not an error).  MX and FP8 block-wise take
+NaN and inf input as the reference does (no check): an MX block holding one is all NaN (scale code
+255); an FP8 block-wise tile holding inf and no NaN is all NaN (``0 * inf``); one holding NaN is
+all NaN with ``fp32_scale``, and with pow2 scales gets ``s = 2**-1``: its finite elements are
+quantized, an inf element saturates to ``+-896``.
 """
 
 from __future__ import annotations
@@ -34,8 +48,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .formats import E4M3_MAX, FMT_INT, FMT_NVFP4, FP32_MAX, IO_FP32, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
-from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_count
+from .formats import (
+    E2M1_MAX,
+    E4M3_MAX,
+    FIRST_FROM_DATA,
+    FMT_FP8,
+    FMT_FP8B_FP32S,
+    FMT_INT,
+    FMT_INT4G,
+    FMT_MXFP4,
+    FMT_MXFP8,
+    FMT_NVFP4,
+    FP32_MAX,
+    IO_FP32,
+    NVFP4_BLOCK,
+    NVFP4_GLOBAL_SCALE_NUM,
+    TINY_AMAX,
+)
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_count
 from .tl_rounding import (
     bits_to_f32,
     div_rn_normal,
@@ -51,7 +81,14 @@ from .tl_rounding import (
 )
 
 _FMT_INT = tl.constexpr(FMT_INT)
+_FMT_FP8 = tl.constexpr(FMT_FP8)
 _FMT_NVFP4 = tl.constexpr(FMT_NVFP4)
+_FMT_INT4G = tl.constexpr(FMT_INT4G)
+_FMT_FP8B_FP32S = tl.constexpr(FMT_FP8B_FP32S)
+_FMT_MXFP8 = tl.constexpr(FMT_MXFP8)
+_FMT_MXFP4 = tl.constexpr(FMT_MXFP4)
+_FROM_DATA = tl.constexpr(FIRST_FROM_DATA)
+_E2M1_MAX = tl.constexpr(E2M1_MAX)
 _IO_FP32 = tl.constexpr(IO_FP32)
 _TINY = tl.constexpr(TINY_AMAX)
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
@@ -197,6 +234,101 @@ def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
     return (q * ds8) * gd
 
 
+@triton.jit
+def _int4g_magnitude(x, A, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
+    """INT4 group-wise "cuda" on a ``[BR, NB, 128]`` tile ``x`` given the block amax ``A`` ``[BR, NB, 1]``:
+    ``s = RN(7/A)``, ``q = clamp(rint(RN(x*s)), -8, 7)``, ``|RN(q/s)|``; ``zero`` (the whole block
+    writes +0) where ``A < 2**-24``.  A block with a non-finite ``A`` gives garbage the caller replaces."""
+    s, s2, r2, zero = _int_scales(A, QMAX, INT_DIV)
+    return tl.where(zero, 0.0, _int_magnitude(x * s, s2, r2, LO, QMAX, EXACT_FMA)), zero
+
+
+@triton.jit
+def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr):
+    """FP8 block-wise "te" steps 2-6 of block amax ``A``: ``(s, inv)``.
+
+    ``s = RN(448/A)`` (``A = 0`` -> inf, inf -> 0, NaN -> NaN), ``FP32_MAX`` where inf.  pow2 (default):
+    ``s`` is cut to the power of two at or below it (its exponent bits; ``s`` is normal or 0 here),
+    NaN -> ``2**-1``, ``A = 0`` -> 1, and ``inv = 2**-k`` is written from the bits (exact, ``2**-127``
+    subnormal for ``s = 2**127``, inf for ``s = 0``).  ``FP32_SCALE``: ``s`` unchanged (1 where
+    ``A = 0``), ``inv = RN(1/s)`` by the integer division (its quotient may be subnormal)."""
+    s = div_rn_normal(tl.zeros_like(A) + _E4M3_MAX, A, INT_DIV)  # A >= 2**-126 or the quotient overflows
+    s = tl.where(s > _FMAX, _FMAX, s)
+    if FP32_SCALE:
+        s = tl.where(A == 0.0, 1.0, s)
+        inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
+    else:
+        sb = s.to(tl.int32, bitcast=True) & 0x7F800000
+        sb = tl.where(s != s, 0x3F000000, sb)
+        sb = tl.where(A == 0.0, 0x3F800000, sb)
+        s = sb.to(tl.float32, bitcast=True)
+        e = sb >> 23
+        ib = tl.where(e == 254, 0x00400000, (254 - e) << 23)
+        inv = tl.where(e == 0, 0x7F800000, ib).to(tl.float32, bitcast=True)
+    return s, inv
+
+
+@triton.jit
+def _mx_scales(A, EMAX: tl.constexpr):
+    """MX "floor" steps 2-3 and the decode of step 6, from the block amax ``A``: E8M0 code
+    ``c = max(E - emax, 0)`` with ``E`` the biased exponent field of ``A`` (so 0 for zero and
+    subnormal ``A``), 255 for non-finite ``A``; ``(inv, dec) = (2**(127-c), 2**(c-127))`` from bits
+    (``c <= 254 - emax``: ``inv`` normal; ``dec = 2**-127``, subnormal, for ``c = 0``); code 255 gives
+    ``inv = NaN`` (the block is all NaN)."""
+    e = (A.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    c = tl.maximum(e - EMAX, 0)
+    inv = tl.where(e == 255, 0x7FC00000, (254 - c) << 23).to(tl.float32, bitcast=True)
+    dec = tl.where(c == 0, 0x00400000, c << 23).to(tl.float32, bitcast=True)
+    return inv, dec
+
+
+@triton.jit
+def _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
+                    IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, INT_DIV: tl.constexpr):
+    """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, R, NB, block]`` for
+    square blocks; partial blocks zero-padded) for a format whose scales come from the data, given
+    ``bmax``, the block max of ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
+    the block amax ``A`` and its element rounding on magnitudes, the input's sign OR-ed back (INT4
+    zero blocks: +0)."""
+    A = magnitude_bits_to_f32(bmax, IO)
+    x = bits_to_f32(bits, IO)
+    if FMT == _FMT_INT4G:
+        bad = bmax >= inf_bits(IO)  # NaN or inf in the block: no INT scale (the reference raises)
+        if CHECK:
+            _flag_each(flag_ptr, 5, bad)
+        y, zero = _int4g_magnitude(x, A, LO, QMAX, EXACT_FMA, INT_DIV)
+        smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
+        return f32_to_bits(y, bits & smask, bad, nan_all, IO, HW_BF16)
+    elif FMT == _FMT_MXFP8:
+        inv, dec = _mx_scales(A, 8)
+        v = tl.abs(x) * inv
+        return f32_to_bits(round_mag_e4m3(tl.minimum(v, _E4M3_MAX)) * dec, bits & sign_all, v != v, nan_all, IO, HW_BF16)
+    elif FMT == _FMT_MXFP4:
+        inv, dec = _mx_scales(A, 2)
+        v = tl.abs(x) * inv
+        return f32_to_bits(round_mag_e2m1(tl.minimum(v, _E2M1_MAX)) * dec, bits & sign_all, v != v, nan_all, IO, HW_BF16)
+    else:
+        s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV)
+        v = tl.abs(x) * s
+        y = round_mag_e4m3(tl.minimum(v, _E4M3_MAX)) * inv  # 0 * inf (a block holding inf) is NaN
+        return f32_to_bits(y, bits & sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16)
+
+
+@triton.jit
+def _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
+                HW_BF16: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
+    """NVFP4 output bits of a tile of input ``bits`` given ``bmax``, its block max of
+    ``magnitude_bits`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
+    ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
+    block_nan = bmax > inf_bits(IO)
+    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
+    if CHECK:
+        _flag_each(flag_ptr, 4, block_nan)
+        return f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
+    else:
+        return f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
+
+
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
 # call would otherwise compile a kernel of its own (about a second per variant on a cold cache).
 @triton.jit(do_not_specialize=["n_experts"])
@@ -207,7 +339,7 @@ def fake_quant_fwd_kernel(
     amax_ptr,  # fp32; element (e, r) at e*amax_se + r*amax_sr
     amax_se,
     amax_sr,
-    flag_ptr,  # int32 [5] (kernels/checks.py), written only when CHECK
+    flag_ptr,  # int32 [checks.SLOTS] (kernels/checks.py), written only when CHECK
     n_experts,
     rows_u,
     cols_u,
@@ -225,6 +357,8 @@ def fake_quant_fwd_kernel(
     BLOCK_RECIP_INT: tl.constexpr,
     INT_DIV: tl.constexpr,
     FLAT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILE_R: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
     TPP: tl.constexpr,
@@ -235,8 +369,9 @@ def fake_quant_fwd_kernel(
     rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC, FLAT)
     n_tc, n_t = tile_count(rows, cols, BR, BC)
     if CHECK:
-        if p == 0:
-            _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL)
+        if FMT < _FROM_DATA:
+            if p == 0:
+                _check_amax(amax_ptr, amax_se, amax_sr, flag_ptr, e, rows, PER_CHANNEL)
     if p * TPP < n_t:
         xb = expert_ptr(x_ptr, meta_ptr, 0, n_experts, e, rows, cols, LIST, VEC)
         yb = expert_ptr(y_ptr, meta_ptr, 1, n_experts, e, rows, cols, LIST, VEC)
@@ -246,34 +381,41 @@ def fake_quant_fwd_kernel(
         else:
             sign_all = tl.full([], -32768, tl.int16)
             nan_all = tl.full([], 0x7FFF, tl.int16)
-        if not PER_CHANNEL:
-            a = tl.load(amax_ptr + e * amax_se)
+        if FMT < _FROM_DATA:
+            if not PER_CHANNEL:
+                a = tl.load(amax_ptr + e * amax_se)
         if FMT == _FMT_NVFP4:
             gd, mult = _nvfp4_scales(a, INT_DIV)
-            if CHECK:
-                bad = _bad_amax(a)
+            bad = _bad_amax(a)  # used only when CHECK
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                 s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
-        else:
+        elif FMT == _FMT_FP8:
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
                 s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
         for k in range(TPP):
             t = p * TPP + k
             if t < n_t:
-                if FMT == _FMT_NVFP4:
+                if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
+                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK)
+                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    bmax = tl.max(tl.max(magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=1, keep_dims=True)
+                    if FMT == _FMT_NVFP4:
+                        out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                    else:
+                        out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
+                elif FMT >= _FROM_DATA:
+                    tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, BLOCK)
+                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
+                    out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
+                elif FMT == _FMT_NVFP4:
                     tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, _NVB)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)  # step 4, exact
-                    block_nan = bmax > inf_bits(IO)
-                    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
-                    if CHECK:
-                        _flag_each(flag_ptr, 4, block_nan)
-                        out = f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
-                    else:
-                        out = f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
+                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
+                    out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
                 else:
                     tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")

@@ -22,7 +22,7 @@ import torch
 from . import checks, env
 from .amax import AmaxView
 from .tables import FLAT_CAP, ExpertTable, await_table
-from .formats import BITS_DTYPE, FMT_FP8, FMT_INT, FMT_NVFP4, IO_CODES, QuantSpec
+from .formats import BITS_DTYPE, FMT_FP8, FMT_FP8B, FMT_FP8B_FP32S, FMT_INT, FMT_INT4G, FMT_MXFP4, FMT_MXFP8, FMT_NVFP4, IO_CODES, QuantSpec
 from .geometry import TileShape, choose_tile, flat_shapes, flat_width, grid_for, tiles_per_program, with_tpp
 
 
@@ -59,6 +59,7 @@ FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_INT: KernelConfig(1024, 2, tiles_per_program=1),
     FMT_FP8: KernelConfig(2048, 4, tiles_per_program=1),
     FMT_NVFP4: KernelConfig(2048, 4, tiles_per_program=2, nvfp4_int_recip=False),
+    **{code: KernelConfig(2048, 4, tiles_per_program=1) for code in (FMT_INT4G, FMT_FP8B, FMT_FP8B_FP32S, FMT_MXFP8, FMT_MXFP4)},
 }
 BWD_CONFIG = KernelConfig(4096, 8, tiles_per_program=1)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
@@ -90,21 +91,41 @@ def _sm_count(device: torch.device) -> int | None:
 _MIN_BC = 16
 
 
-def tile_for(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, device: torch.device) -> TileShape:
-    """The tile geometry (and tiles per program) a launch over ``shapes`` uses."""
-    tile = choose_tile(shapes, cfg.block, cfg.num_warps, min_bc=_MIN_BC, max_waste=cfg.max_waste, max_bc=cfg.max_bc)
+def tile_for(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, device: torch.device, block: int = 0, tile_rows: int = 1) -> TileShape:
+    """The tile geometry (and tiles per program) a launch over ``shapes`` uses; ``block``: the
+    format's block along the row (a tile holds whole blocks: ``BC >= block``); ``tile_rows > 1``:
+    square ``tile_rows x block`` blocks, in tiles of exactly ``tile_rows`` rows."""
+    if tile_rows > 1:
+        tile = square_block_tile(shapes, cfg, block, tile_rows)
+        return with_tpp(tile, tiles_per_program(shapes, tile, cfg.tiles_per_program, _sm_count(device)))
+    tile = choose_tile(shapes, max(cfg.block, block), cfg.num_warps, min_bc=max(_MIN_BC, block), max_waste=cfg.max_waste,
+                       max_bc=max(cfg.max_bc, block))  # fmt: skip
     return with_tpp(tile, tiles_per_program(shapes, tile, cfg.tiles_per_program, _sm_count(device)))
 
 
-def tiling(shapes: Sequence[tuple[int, int]], flat: int, cfg: KernelConfig, device: torch.device) -> tuple[bool, list[tuple[int, int]], TileShape]:
+def square_block_tile(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, block: int, tile_rows: int) -> TileShape:
+    """``tile_rows`` rows by a power-of-two multiple of ``block`` columns (about ``cfg.block``
+    elements, at least one block, no wider than the widest expert needs); one warp per 1024
+    elements, at least ``cfg.num_warps``, at most 16 (a 128x128 FP8 tile)."""
+    widest = max((c for r, c in shapes if r and c), default=1)
+    bc = block * max(1, cfg.block // (tile_rows * block))
+    bc = min(bc, max(block, 1 << (widest - 1).bit_length()))
+    if tile_rows * widest + bc > 2**31 - 1:
+        raise ValueError(f"a row of {widest} elements is too long for the kernel's int32 in-tile offsets")
+    return TileShape(tile_rows, bc, min(16, max(cfg.num_warps, tile_rows * bc // 1024)))
+
+
+def tiling(shapes: Sequence[tuple[int, int]], flat: int, cfg: KernelConfig, device: torch.device, block: int = 0, tile_rows: int = 1
+           ) -> tuple[bool, list[tuple[int, int]], TileShape]:
     """``(use the flat view, the shapes tiled, the tile)``: the flat view ``[rows * cols / flat,
     flat]`` (``flat`` > 0: the elements do not depend on their row) where its tiles are wider than
     the rows' own; else the rows.  Nano rows (2688 = 21 x 128) get 128-wide tiles, their flat view
-    2048-wide ones."""
-    tile = tile_for(shapes, cfg, device)
+    2048-wide ones.  ``block``, ``tile_rows``: as ``tile_for`` (square blocks need the rows: pass
+    ``flat = 0``)."""
+    tile = tile_for(shapes, cfg, device, block, tile_rows)
     if flat > tile.bc:
         fs = flat_shapes(shapes, flat)
-        ftile = tile_for(fs, cfg, device)
+        ftile = tile_for(fs, cfg, device, block)
         if ftile.bc > tile.bc:
             return True, fs, ftile
     return False, list(shapes), tile
@@ -137,6 +158,8 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, p
         HW_BF16=env.hw_bf16_rne(device),
         BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
         INT_DIV=cfg.scalar_int_div,
+        BLOCK=spec.block,
+        TILE_R=spec.tile_rows,
     )
 
 
@@ -225,8 +248,9 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
     if plan is None:
         device = table.device
         cfg = _config(device, config, FWD_CONFIG[spec.code])
-        flat = 0 if per_channel or (spec.code == FMT_NVFP4 and not table.blocks16) else table.flat
-        use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device)
+        whole_blocks = not spec.block or all(c % spec.block == 0 for r, c in table.shapes if r and c)
+        flat = 0 if per_channel or not whole_blocks or spec.tile_rows > 1 else table.flat
+        use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
         kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))
         plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
@@ -293,8 +317,8 @@ def fwd_stacked(
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
         cfg = _config(device, config, FWD_CONFIG[spec.code])
-        keeps_rows = amax.per_channel or (spec.code == FMT_NVFP4 and shapes[0][1] % 16 != 0)
-        _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device)
+        keeps_rows = amax.per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
+        _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
         kw = dict(LIST=False, VEC=_stacked_vec(x, used[0][1]), FLAT=False,
                   **_fwd_constexprs(spec, x.dtype, device, amax.per_channel, bool(check), cfg), **_launch_opts(tile))  # fmt: skip
         return grid_for(used, tile), kw, used

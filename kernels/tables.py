@@ -59,8 +59,6 @@ class ExpertTable:
     split_sizes: tuple[int, ...] = ()
     host: torch.Tensor | None = None
     flat: int = 0
-    blocks16: bool = False
-    """Every row length a multiple of 16 (NVFP4's block): the flat view keeps NVFP4's blocks."""
     plans: dict = field(default_factory=dict, compare=False, repr=False)
     ready: list = field(default_factory=list, compare=False, repr=False)
     """``[event, raw stream]`` while the copy of ``meta`` may still be queued on the stream that
@@ -197,7 +195,7 @@ def expert_table(xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | Non
         prev = off + r * c
     sizes.append(max(total, 1) - prev)
     return ExpertTable(meta, shapes, out_shapes, tuple(offsets), total, base, xvec, gvec, key, device, rows, stacked, tuple(sizes),
-                       host if device.type == "cuda" else None, flat=flat, blocks16=all(c % 16 == 0 for r, c in shapes if r and c),
+                       host if device.type == "cuda" else None, flat=flat,
                        ready=ready)  # fmt: skip
 
 

@@ -80,3 +80,17 @@ def tile_3d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, B: tl.const
     rl = tl.arange(0, BR)[:, None, None]
     cl = tl.arange(0, BC // B)[None, :, None] * B + tl.arange(0, B)[None, None, :]
     return r0.to(tl.int64) * cols + c0, rl * cols + cl, ((r0 + rl) < rows) & ((c0 + cl) < cols)
+
+
+@triton.jit
+def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, B: tl.constexpr):
+    """Tile ``t`` as ``[BR // R, R, BC // B, B]``: square ``R x B`` blocks (``BR`` a multiple of ``R``,
+    so every block starts on a row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns
+    of a partial block past the expert's edge are masked (they load as zero)."""
+    tr = t // n_tc
+    r0 = tr * BR
+    c0 = (t - tr * n_tc) * BC
+    rl = tl.arange(0, BR // R)[:, None, None, None] * R + tl.arange(0, R)[None, :, None, None]
+    cl = tl.arange(0, BC // B)[None, None, :, None] * B + tl.arange(0, B)[None, None, None, :]
+    return r0.to(tl.int64) * cols + c0, rl * cols + cl, ((r0 + rl) < rows) & ((c0 + cl) < cols)
+

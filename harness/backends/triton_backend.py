@@ -125,13 +125,13 @@ class TritonBackend:
         self._check_variant(fmt, variant)
         k = self._kernels
         from moe_fq_parity.kernels import api, launch, tables  # deferred: kernels needs the triton extra
-        from moe_fq_parity.kernels.amax import amax_for_stacked  # deferred: as above
+        from moe_fq_parity.kernels.amax import amax_for_stacked, no_amax  # deferred: as above
 
         spec = api.cached_spec(fmt, variant, options)
         global_only = _global_amax_only(fmt)
         if stacked is not None:
             out = torch.empty_like(stacked)
-            view = amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=global_only)
+            view = no_amax(stacked.device) if spec.from_data else amax_for_stacked(amax, stacked.shape, stacked.device, nvfp4=global_only)
             return {
                 "default": lambda: k.fake_quant(stacked, amax, fmt, variant, **options),
                 "unchecked": lambda: k.fake_quant(stacked, amax, fmt, variant, check_values=False, **options),
@@ -139,7 +139,7 @@ class TritonBackend:
             }
         ws = list(weights)
         table = tables.table_for(ws, validate=lambda: None)
-        view = api.amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=global_only)
+        view = api.expert_amax(spec, amax, table)
         flat, _ = tables.alloc_outputs(table, ws[0].dtype, table.device)
         return {
             "default": lambda: k.fake_quant_experts(ws, amax, fmt, variant, **options),

@@ -18,18 +18,26 @@ def test_default_variants_equal_the_reference() -> None:
 
     assert K.DEFAULT_VARIANTS == {f: reference.default_variant(f) for f in reference.FORMATS if f not in DECLINED}
     assert set(K.DEFAULT_VARIANTS) | set(DECLINED) == set(reference.FORMATS) and not set(K.DEFAULT_VARIANTS) & set(DECLINED)
-    assert all("not yet in the kernel" in decline_reason(f) for f in DECLINED) and decline_reason("int8") == ""
+    assert all(decline_reason(f) for f in DECLINED) and decline_reason("int8") == "" and decline_reason("mxfp4") == ""
 
 
-def test_new_formats_are_declined_with_the_reason() -> None:
+def test_block_formats_and_square_tiles_are_implemented() -> None:
     import pytest
 
     from moe_fq_parity.harness.backends.triton_backend import TritonBackend
 
+    backend = TritonBackend()
     for fmt in ("mxfp8", "mxfp4", "fp8_block", "int4_group"):
-        with pytest.raises(ValueError, match="not yet in the kernel"):
-            K.parse_spec(fmt, None, {})
-        ok, why = TritonBackend().format_available(fmt)
-        assert not ok and "not yet in the kernel" in why
-    with pytest.raises(ValueError, match="1x16 blocks only"):
-        K.parse_spec("nvfp4", None, {"tile_2d": True})
+        spec = K.parse_spec(fmt, None, {})
+        assert spec.from_data and spec.block == reference.format_spec(fmt).tiles.size
+        assert backend.format_available(fmt) == (True, "") and spec.tile_rows == 1
+        if fmt != "int4_group":
+            assert K.parse_spec(fmt, None, {"tile_2d": True}).tile_rows == spec.block
+            assert backend.options[fmt]["tile_2d"] is None  # every value
+        else:
+            with pytest.raises(TypeError, match="tile_2d"):
+                K.parse_spec(fmt, None, {"tile_2d": True})
+    assert K.parse_spec("fp8_block", None, {"fp32_scale": True}).code == K.FMT_FP8B_FP32S
+    assert K.parse_spec("nvfp4", None, {"tile_2d": True}).tile_rows == 16
+    with pytest.raises(ValueError, match="block_size=16 only"):
+        K.parse_spec("nvfp4", None, {"block_size": 32})

@@ -39,9 +39,27 @@ def _jobs(gen: torch.Generator) -> list[dict]:
             ws = expert_weights(gen, [(48, 96)] * 3, torch.float16)
             jobs.append(dict(op="experts", fmt=fmt, options={"narrow_range": True} if "int" in fmt else {}, x=ws,
                              amax=amax_stack(ws, ["below", "odd", "max"], per_channel=True)))  # fmt: skip
+    for fmt, options in (("int4_group", {}), ("fp8_block", {}), ("fp8_block", {"fp32_scale": True}), ("mxfp8", {}), ("mxfp4", {})):
+        ws = expert_weights(gen, [(64, 200), (0, 8), (33, 40), (128, 1024)], torch.bfloat16, specials=fmt != "int4_group")
+        jobs.append(dict(op="experts", fmt=fmt, options=options, x=ws, amax=None))
+        x = allbf.reshape(-1, 32)[torch.randperm(2048, generator=gen)].reshape(4, 64, 256)  # every bf16 value, 32-blocks shuffled
+        if fmt == "int4_group":  # the reference rejects NaN and inf input to INT4 group-wise
+            x = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype))
+        jobs.append(dict(op="stacked", fmt=fmt, options=options, x=x.contiguous(), amax=None))
+        ws = expert_weights(gen, [(48, 160)] * 3, torch.float16, specials=fmt != "int4_group")
+        jobs.append(dict(op="experts", fmt=fmt, options=options, x=ws, amax=None))
+        if fmt != "int4_group":  # square tiles: 128x128 or 32x32, partial ones in both dims
+            jobs.append(dict(op="stacked", fmt=fmt, options={**options, "tile_2d": True}, x=x.reshape(2, 128, 256)[:, :100, :200].contiguous(),
+                             amax=None))  # fmt: skip
+            ws = expert_weights(gen, [(150, 300), (0, 8), (33, 40)], torch.bfloat16)
+            jobs.append(dict(op="experts", fmt=fmt, options={**options, "tile_2d": True}, x=ws, amax=None))
+    ws = expert_weights(gen, [(64, 200), (0, 8), (33, 40), (128, 1024)], torch.bfloat16, specials=False)
+    jobs.append(dict(op="experts", fmt="nvfp4", options={"tile_2d": True}, x=ws, amax=amax_stack(ws, ["max", "odd", "below", "zero"],
+                                                                                                   per_channel=False)))  # fmt: skip
     ws = expert_weights(gen, [(40, 72), (0, 5), (40, 72)], torch.bfloat16)
     grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16) for w in ws]
     jobs.append(dict(op="clipped", fmt="", options={}, x=ws, amax=amax_stack(ws, ["below", "max", "odd"], per_channel=False), grads=grads))
+    jobs.append(dict(op="clipped", fmt="mxfp8", options={}, x=ws, amax=None, grads=grads))
     return jobs
 
 
@@ -55,7 +73,7 @@ def _reference(job: dict):
         return reference.fake_quant_experts(job["x"], job["amax"], job["fmt"], **job["options"])
     if job["op"] == "stacked":
         return [reference.fake_quant(job["x"], job["amax"], job["fmt"], **job["options"])]
-    return reference.ste_backward_experts(job["x"], job["amax"], job["grads"], "clipped")
+    return reference.ste_backward_experts(job["x"], job["amax"], job["grads"], "clipped", fmt=job["fmt"] or None)
 
 
 def _as_list(v) -> list[torch.Tensor]:
