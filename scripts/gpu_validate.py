@@ -313,7 +313,8 @@ def _compare_with_full(data: dict, tag: str = "") -> dict:
     for i in (1, 2):
         shard = json.loads((OUT / f"nightly-shard{i}{tag}" / "report.json").read_text())
         timing[f"shard{i}"] = {"phase_s": shard["meta"].get("phase_s"),
-                               "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds") for s in shard["sections"]}}
+                               "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds")
+                                              for s in shard["sections"]}}
     data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
                 verdicts_equal=va == vb, section_verdicts_equal=sa == sb, section_rows_equal=ra == rb,
                 section_rows={k: len(v) for k, v in ra.items()}, timing=timing, unsharded_wall_s=fw,

@@ -135,7 +135,8 @@ class StartedSections:
         for n in self.chosen:
             mine, theirs = ctx.Pipe()
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
+            p = ctx.Process(target=_child,
+                            args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
                             name=f"section-{n}")
             with startable_main():
                 p.start()

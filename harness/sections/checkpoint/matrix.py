@@ -244,7 +244,8 @@ def _vector_size_rows(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> 
         try:
             for c, p in plans:
                 from_loaded({e.key: slice_full(short, e, s.layout, c) for e in p}, p)
-            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "fail", fields, f"a ({truth.cfg.num_experts - 1},) vector under {key!r} loaded without an error"))
+            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "fail", fields,
+                               f"a ({truth.cfg.num_experts - 1},) vector under {key!r} loaded without an error"))
         except ValueError as exc:
             ok = key in str(exc) and f"({truth.cfg.num_experts},)" in str(exc)
             out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "pass" if ok else "fail", fields, f"refused: {exc}"))
@@ -322,7 +323,7 @@ def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: 
 
 def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], ranks: Union[list[dict], Exception], truth: Truth,
                 first_owned: int = 0, failed_prefix: str = "") -> LoadRows:
-    index = {l: i for i, l in enumerate(plan.save_layouts)}
+    index = {sl: i for i, sl in enumerate(plan.save_layouts)}
     blocks: LoadRows = {}
     if isinstance(ranks, Exception):
         blocks[(0, first_owned)] = [Verdict(f"{failed_prefix}load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}")]

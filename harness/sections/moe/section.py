@@ -142,7 +142,8 @@ def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Sect
                 recipe = Recipe.uniform([name], wspec, ispec)
                 benches: dict[str, Bench] = {}
                 for backend in backends:
-                    sink = RowSink(f"{backend}/{wspec.id}/{shape.id}", suite, seed, device, dict(backend=backend, spec=f"{wspec.id} ({wspec.ste_mode})", shape=shape.id))
+                    sink = RowSink(f"{backend}/{wspec.id}/{shape.id}", suite, seed, device,
+                                   dict(backend=backend, spec=f"{wspec.id} ({wspec.ste_mode})", shape=shape.id))
                     with sink.guard(Role("grouped_linear", "weight", name), "build_and_calibrate"):
                         benches[backend] = bench = build_bench(recipe, name, shape, data, backend=backend, device=dev)
                         weight_rows(bench, sink)

@@ -103,7 +103,8 @@ def run_hook_mutants(seed: int, names: set[str] | None = None) -> list[MutantOut
     for m in chosen:
         start = time.perf_counter()
         if control:
-            outcomes.append(MutantOutcome(m.name, m.bug, False, "", "", f"control state-dict rows fail without any mutant: {control[0].id}: {control[0].message[:200]}"))
+            outcomes.append(MutantOutcome(m.name, m.bug, False, "", "",
+                                          f"control state-dict rows fail without any mutant: {control[0].id}: {control[0].message[:200]}"))
             continue
         with m.applied():
             rows = _rows(seed)
@@ -111,7 +112,8 @@ def run_hook_mutants(seed: int, names: set[str] | None = None) -> list[MutantOut
         secs = time.perf_counter() - start
         if failed:
             check = failed[0].fields.get("check", failed[0].id)
-            outcomes.append(MutantOutcome(m.name, m.bug, True, check, "", f"{SHAPE.id}: " + (failed[0].message or failed[0].fields.get("measured", ""))[:300], len(rows), secs))
+            outcomes.append(MutantOutcome(m.name, m.bug, True, check, "", f"{SHAPE.id}: " + (failed[0].message or failed[0].fields.get("measured", ""))[:300],
+                                          len(rows), secs))
         else:
             outcomes.append(MutantOutcome(m.name, m.bug, False, "", "", f"survived {len(rows)} state-dict rows", len(rows), secs))
     return outcomes
