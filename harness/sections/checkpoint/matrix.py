@@ -366,8 +366,8 @@ def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadC
 def one_thread() -> Iterator[None]:
     """Run this process's torch ops on one intra-op thread, then restore the setting.
 
-    The judging is many tiny tensor ops; with 2 threads, ``torch.round`` on a few thousand
-    elements took 12 ms instead of 8 us on a 2-core machine (torch 2.13 CPU).
+    The judging is many tiny tensor ops, which several intra-op threads slow down by orders of
+    magnitude on a small host (chosen by measurement: docs/measured.md §13).
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ Mutants (each is a bug the grouped/indexed key normalisation could plausibly car
 * ``optimizer-split-beside-partial-indexed`` / ``optimizer-bias-without-use-bias`` -- the same two
   bugs in the optimizer-side normalisation of flat main params (``normalize_flat_grouped_params``).
 
-Cost: one ``layout_rows`` pass (N=4, 16x32) per mutant plus the control, ~0.1 s each on one core.
+Cost: one ``layout_rows`` pass (N=4, 16x32) per mutant plus the control (timed: docs/measured.md §13).
 """
 
 from __future__ import annotations
