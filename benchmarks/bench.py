@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbps = curve_gbps(curve)
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  triton {triton.__version__}  copy {copy_gbps:.0f} GB/s", flush=True)
     report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve], "command": "python -m moe_fq_parity.benchmarks.bench " + " ".join(argv or [])}  # fmt: skip
+                    "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve],
+                    "command": "python -m moe_fq_parity.benchmarks.bench " + " ".join(argv or [])}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     save = lambda: (args.out / "bench.json").write_text(dumps(report))  # noqa: E731
     configs = None  # the table times the defaults of kernels/launch.py (what the public call uses)

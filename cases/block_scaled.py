@@ -22,13 +22,13 @@ from __future__ import annotations
 from itertools import product
 from typing import Any, Callable
 
-Entry = dict[str, Any]
-"""The fields of one ``Case``; ``cases.catalogue`` validates and builds them."""
-
 from moe_fq_parity.reference import FORMATS, format_spec, variants
 
 from .distributions import DISTRIBUTIONS
 from .shapes import NEMOTRON, NEMOTRON_EXPERTS, N_VALUES, ODD_SHAPES, ULTRA_PRODUCTION
+
+Entry = dict[str, Any]
+"""The fields of one ``Case``; ``cases.catalogue`` validates and builds them."""
 
 
 def tiled_formats() -> list[str]:

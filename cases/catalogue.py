@@ -162,11 +162,14 @@ def ci() -> tuple[Case, ...]:
             out += _entry(fmt=fmt, variant=v, granularity="per_expert", layout="list", n=4, shape=(16, 40), dtype=dtype, dist="ties", amax="design")
     for fmt in _taking("narrow_range"):
         for opt, dist in product((("narrow_range", True),), ("ties", "edges")):
-            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax="design", options=(opt,))
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="stacked", n=4, shape=(16, 48), dist=dist, amax="design",
+                          options=(opt,))
         if fmt in _taking("unsigned"):
-            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design", options=(("unsigned", True),))
+            out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_channel", layout="stacked", n=4, shape=(16, 48), dist="ties", amax="design",
+                          options=(("unsigned", True),))
     for fmt in _taking("block_size"):
-        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design", options=(("block_size", 32),))
+        out += _entry(fmt=fmt, variant=_default(fmt), granularity="per_expert", layout="list", n=4, shape=(16, 72), dist="ties", amax="design",
+                      options=(("block_size", 32),))
     return _unique(out + _block_scaled("ci"))
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Union
 

@@ -86,7 +86,7 @@ def dumps(obj: Any, *, indent: int | None = 1) -> str:
     """Strict JSON text of ``obj``: non-finite floats become strings (``json_safe``), and anything
     else that JSON cannot hold raises (``allow_nan=False``, no ``default=``).
 
-    ``indent=None`` uses the C encoder (about 5x faster on a 10 MB report); ``json_safe``'s copy is
+    ``indent=None`` uses the C encoder (faster: docs/measured.md §13); ``json_safe``'s copy is
     made only when the object holds a non-finite float."""
     try:
         return json.dumps(obj, indent=indent, allow_nan=False)
@@ -173,8 +173,8 @@ def check_consistency(report: dict[str, Any]) -> None:
     """``ValueError`` when a schema-valid report contradicts itself: two records with one key (a
     reader would keep one of them), a record that contradicts its verdict (``record_problems``), two
     sections of one name or two rows of one id in a section.  The message names the first
-    ``MAX_PROBLEMS`` and counts all.  Cost: about 10 us a record (21,600 records: 0.2 s, where the
-    JSON-schema validation of the same report took 29 s; CPU, shared 2-core host, 2026-11-27)."""
+    ``MAX_PROBLEMS`` and counts all.  Cost: linear in the records, a small fraction of the
+    JSON-schema validation's (docs/measured.md §13)."""
     problems: list[str] = []
     seen: dict[str, int] = {}
     for k, r in enumerate(report["records"]):

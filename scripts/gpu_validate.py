@@ -30,9 +30,7 @@ Two-GPU phases:
   compiled, so the walls compare the work itself.
   The unsharded run and the two shards start from empty Triton caches (the shards share one, as
   shards on one host do by default), so the wall times compare: on one warm cache the phase run
-  first paid the compilation the other did not (two H100s: shards 137 s on an empty cache against
-  119 s unsharded on a warm one; each shard with an empty cache of its own took 204-211 s).  Warm
-  against warm (two H100s): shards 67.6 s, unsharded 112.0 s.
+  first paid the compilation the other did not (the walls measured: docs/measured.md §13).
 
 Environment: ``OUT`` (default ``./gpu-validate``) receives ``<phase>.json`` (the numbers), the
 reports and the logs; ``BACKENDS`` (default ``triton``) are the nightly's backends.  Loading reports
@@ -107,7 +105,8 @@ def _junit_counts(path: Path) -> dict:
 
 def _triton_cache_entries(path: str | None) -> int:
     """Kernels in the Triton cache a phase starts with (timings of phases compare only at equal
-    cache states: compiling what a warm cache holds cost about 70 s of the slow tier on an H100)."""
+    cache states: compiling what a warm cache holds is a large part of the slow tier's time,
+    docs/measured.md §13)."""
     root = Path(path) if path else Path.home() / ".triton" / "cache"
     return sum(1 for _ in root.iterdir()) if root.is_dir() else 0
 
@@ -115,8 +114,8 @@ def _triton_cache_entries(path: str | None) -> int:
 def pytest_phase(phase: str, mark: str, xdist: str | None, *, cold_cache: bool = False) -> dict:
     """``pytest -m MARK [-n XDIST]`` over the whole tree; ``cold_cache``: with an empty Triton
     cache of its own (``TRITON_CACHE_DIR``), so phases whose times are compared each compile the
-    same kernels (in a run on a warm cache the first phase paid ~70 s of compilation the second
-    did not)."""
+    same kernels (in a run on a warm cache the first phase pays the compilation the second does
+    not: docs/measured.md §13)."""
     junit = OUT / f"{phase}.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", mark, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
     if xdist:
@@ -218,7 +217,7 @@ WARM_CACHE = "nightly-warm-triton-cache"
 """The Triton cache of the ``-warm`` nightly phases: the one the first cold nightly phase filled (the
 cold shards: every kernel of the suite, their union), kept in place for them.  Never moved: Triton's
 cache records its files by absolute path, so a moved cache misses (a full run on a moved cache
-recompiled, 80 s of its 216 s)."""
+recompiles: docs/measured.md §13)."""
 
 
 def _cache_for(name: str, warm: bool) -> str:
@@ -313,7 +312,8 @@ def _compare_with_full(data: dict, tag: str = "") -> dict:
     for i in (1, 2):
         shard = json.loads((OUT / f"nightly-shard{i}{tag}" / "report.json").read_text())
         timing[f"shard{i}"] = {"phase_s": shard["meta"].get("phase_s"),
-                               "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds") for s in shard["sections"]}}
+                               "sections_s": {s["name"] + (f" part {s['part']['index']}" if s.get("part") else ""): s.get("seconds")
+                                              for s in shard["sections"]}}
     data.update(compare_exit_code=cmp_rc, compare_tail=cmp_tail, records_full=len(va), records_merged=len(vb),
                 verdicts_equal=va == vb, section_verdicts_equal=sa == sb, section_rows_equal=ra == rb,
                 section_rows={k: len(v) for k, v in ra.items()}, timing=timing, unsharded_wall_s=fw,

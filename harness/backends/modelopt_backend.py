@@ -66,8 +66,8 @@ EXTENSIONS: dict[str, str] = {"int": "modelopt_cuda_ext", "fp8": "modelopt_cuda_
 """The Model-Optimizer CUDA extensions the ``modelopt`` backend runs (INT; FP8 and NVFP4's block
 scales), by kind.  Built by ``torch.utils.cpp_extension.load`` into the torch extensions folder
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions/py<ver>_cu<ver>/<name>``), which
-outlives the run: the first use on a host compiles (the FP8 one took 67 s inside the external
-section of a nightly on an H100), later runs load the built library."""
+outlives the run: the first use on a host compiles (about a minute each: docs/measured.md §13),
+later runs load the built library."""
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,8 @@ def prepare_extensions() -> str:
     use the GPU.  Model-Optimizer reads the GPU's compute capability with
     ``torch.cuda.get_device_capability()`` (which initialises CUDA) unless ``TORCH_CUDA_ARCH_LIST``
     is set; here it is set from NVML (``nvml_arch_list``) when the user has not set it.  The build
-    still initialises torch's CUDA state (``torch.cuda.is_initialized()`` True after it on an H200,
-    2026-11-27) but creates no context on the GPU: the process is not among nvidia-smi's compute
+    still initialises torch's CUDA state (``torch.cuda.is_initialized()``: docs/measured.md §13)
+    but creates no context on the GPU: the process is not among nvidia-smi's compute
     apps, so the cases' GPU memory is untouched (the section forks nothing).  A failed build is
     recorded, and reported by the section's rows as today."""
     if try_import(_TENSOR_QUANT)[0] is None:

@@ -101,8 +101,7 @@ class TEBackend:
         if fmt == "nvfp4":
             major, minor = torch.cuda.get_device_capability()
             if major < 10:
-                # measured on an H200 with TE 2.20.2: the probe below "runs", but the kernels print
-                # "FP4 cvt PTX instructions are architecture-specific" and return zeros
+                # below Blackwell the probe below "runs" but the kernels return zeros (docs/measured.md §13)
                 return False, f"TE's NVFP4 kernels need compute capability >= 10.0 (Blackwell); this GPU is {major}.{minor}"
             found = _te()[0]
             if "NVFP4Quantizer" not in found:

@@ -244,7 +244,8 @@ def mismatch_message(fields: dict[str, Any], numel: int, *, bitwise: bool = Fals
         parts.append(f"{_are(c['tie_flip'])} {'tie flips' if c['tie_flip'] > 1 else 'a tie flip'} (a value on a rounding tie, rounded "
                      f"the other way: one grid step)")
     if other > 0:
-        parts.append(f"{_are(other)} {'wrong values' if other > 1 else 'a wrong value'}" + (f" (up to {fields['max_ulp']} ULP apart)" if fields["max_ulp"] > 1 else ""))
+        parts.append(f"{_are(other)} {'wrong values' if other > 1 else 'a wrong value'}"
+                     + (f" (up to {fields['max_ulp']} ULP apart)" if fields["max_ulp"] > 1 else ""))
     if nan_bits:
         parts.append(f"{_are(nan_bits)} NaN with other bits than the reference's NaN (--nan-bits strict; by default NaN payload and sign "
                      f"are not compared)")

@@ -1,9 +1,10 @@
 """Forward parity: the backend's fake quant against the reference, per case and per expert.
 
 Verdicts (``harness.core.tolerances``): ``strict`` -- every element exact; ``1-ulp`` -- within one output
-ULP.  What "exact" means for NaN and signed zero is the policy of ``harness.core.equality``.  Tie flips (a one-step disagreement where the reference's pre-rounding value sits at a tie) are
-counted apart and fail under both modes.  Where the spec rejects an input (NVFP4 NaN), the backend
-must reject it too.
+ULP.  What "exact" means for NaN and signed zero is the policy of ``harness.core.equality``.  Tie flips
+(a one-step disagreement where the reference's pre-rounding value sits at a tie) are counted apart
+and fail under both modes.  Where the spec rejects an input (NVFP4 NaN), the backend must reject it
+too.
 """
 
 from __future__ import annotations

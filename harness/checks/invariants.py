@@ -87,9 +87,8 @@ def check_layout(ctx: CheckContext):
         return record(ctx, check, "skip", "layout invariant needs experts of one shape")
     opts = call_options(case)
     stacked = inputs.stacked if inputs.stacked is not None else torch.stack(ws)
-    separate = [w.clone() for w in ws]
-    call = call_backend(ctx, lambda: be.fake_quant(separate, inputs.amax, case.fmt, **opts))
-    del separate
+    # the separate copies are built inside the call: they live only as long as it does
+    call = call_backend(ctx, lambda: be.fake_quant([w.clone() for w in ws], inputs.amax, case.fmt, **opts))
     if (reason := not_run_reason(ctx, call)) is not None:
         return record(ctx, check, "skip", reason)
     if (problem := problems_of(call, ws)) is not None:
@@ -113,7 +112,8 @@ def check_layout(ctx: CheckContext):
         elif not call.ok:
             return record(ctx, check, "fail", f"fake_quant_stacked raised {call.message}")
         elif not isinstance(call.value, torch.Tensor) or call.value.shape != stacked.shape or call.value.dtype != stacked.dtype:
-            return record(ctx, check, "fail", f"fake_quant_stacked returned {type(call.value).__name__} {getattr(call.value, 'shape', '')}, expected {tuple(stacked.shape)} {stacked.dtype}")
+            return record(ctx, check, "fail", f"fake_quant_stacked returned {type(call.value).__name__} {getattr(call.value, 'shape', '')}, "
+                                              f"expected {tuple(stacked.shape)} {stacked.dtype}")
         else:
             failed = _compare_runs(ctx, check, base, list(call.value.unbind(0)), "separate tensors vs fake_quant_stacked")
             if failed is not None:

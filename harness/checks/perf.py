@@ -14,7 +14,7 @@ so the public call's time is its device time wherever the host keeps ahead of th
 Every record also gives the call against a device copy of its size timed the same way
 (``copy_same_us``, ``pct_of_same_copy``; the run's ``meta.copy_curve`` interpolated): under this
 timer a small call cannot reach the run's copy bandwidth (launch latency and the write-back of the
-flush's dirty L2 lines are in every sample; on one H100 a copy moving 160 MB reaches 91-93% of it), so
+flush's dirty L2 lines are in every sample: docs/kernels_performance.md), so
 ``pct_of_same_copy`` tells a kernel that is slow from a size that is.
 
 Cost per case (kernel backend): 12 calls of the default entry (2 warm-up, 10 timed, each after a
@@ -39,8 +39,8 @@ CHECK = "perf"
 DETAIL_BYTES = 16 << 20
 """Cases moving at least this many bytes also time the kernel alone and the unchecked call.  Below,
 every call is launch-bound (the kernel's share is not what its time says) and those two entries
-would only add compiled variants (checks off) to a run: on a fresh H100 the nightly's perf check
-spent 42 s, mostly compiling them for small shapes."""
+would only add compiled variants (checks off) to a run, mostly compiled for small shapes (chosen by
+measurement: docs/measured.md §13)."""
 
 
 def check_perf(ctx: CheckContext, forward_verdict: str, loop_us: Optional[float] = None, *, reps: int = 10):

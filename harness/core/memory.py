@@ -113,8 +113,8 @@ TIDY_SLACK_BYTES = 1 << 30
 def tidy(keep_bytes: Optional[int] = None) -> None:
     """The cheap release between tests on the current CUDA device (no-op before CUDA is initialised).
 
-    A full garbage collection costs 0.2-0.4 s in a pytest process that collected the test tree
-    (about 850,000 objects), more than most GPU tests; so it runs only when more than
+    A full garbage collection in a pytest process that collected the test tree costs more than most
+    GPU tests (docs/measured.md §13); so it runs only when more than
     ``keep_bytes + TIDY_SLACK_BYTES`` is still allocated (something outlived its test, e.g. held by
     a reference cycle), or when ``keep_bytes`` is ``None``.  PyTorch's cache is emptied only when it
     holds more than ``TIDY_SLACK_BYTES`` unused (so the next process leasing the GPU finds it free,

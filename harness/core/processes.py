@@ -62,11 +62,7 @@ def share_cpus(processes: int) -> int:
     in effect.
 
     Why: each process otherwise starts one thread per CPU, and OpenMP threads of several processes
-    that outnumber the CPUs spin against each other.  Measured on a 2-CPU host building 150 of the
-    nightly's CPU-generated cases: one process 5.8 s (2 threads) / 4.6 s (1 thread); two such
-    processes at once 14.9 s each with 2 threads, 4.6-4.9 s each with 1.  On a two-GPU H100 host
-    (32 CPUs, a thread per CPU in each process) two nightly shards at once built their inputs 4.5
-    times slower than the whole unsharded run (49.5 s and 45.8 s against 11.0 s).
+    that outnumber the CPUs spin against each other (chosen by measurement: docs/measured.md §13).
     """
     import torch
 

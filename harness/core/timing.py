@@ -24,8 +24,8 @@ def time_call(fn: Callable[[], object], device: torch.device, *, reps: int = 10,
     two events after an L2 flush, and one synchronisation at the end (as ``triton.testing.do_bench``
     times): while the device runs one call the host prepares the next, so a sample is the call's
     device time, plus host time only where the host is slower than the device.  (A synchronisation
-    after every sample left the device idle during each call's host work: at the Ultra case the
-    public call's ~0.4 ms of host time appeared in every sample but the first.)
+    after every sample left the device idle during each call's host work, which then appeared in
+    every sample but the first: docs/measured.md §13.)
     CPU: ``perf_counter`` around each call.
     """
     for _ in range(warmup):
@@ -60,10 +60,8 @@ COPY_CURVE_MIN_BYTES = 4 << 10
 
 _GAP = 3 << 20
 """Bytes between the curve's source and destination (one buffer; every point's halves lie 1 GiB +
-3 MiB apart on CUDA).  Where they lie changes a copy's speed: on one H100, copies moving 160 MiB ran
-at 2,385 GB/s with their halves 80 MiB apart (back to back in one buffer, or two allocations) and
-at 2,803 GB/s 83 MiB apart; moving 705 and 1,030 MiB, two separate allocations ran at 2,548-2,553
-GB/s, one buffer at 2,966.  The curve is a guide to what a call of a size can show, not a bound."""
+3 MiB apart on CUDA).  Where they lie changes a copy's speed (docs/measured.md §13), so the curve
+is a guide to what a call of a size can show, not a bound."""
 
 
 def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
@@ -72,10 +70,9 @@ def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
     the perf samples are (``time_call``: 2 warm-up calls, 10 timed, L2 flushed before each).
 
     The yardstick of ``% of a same-size copy``: what a call moving ``b`` bytes would take if it were
-    a copy under the same timer, launch latency and L2 flush included (on one H100 the curve at the
-    160 MB of N=8 x [1856, 2688] gave 92% of the 2 GiB copy's bandwidth; from 705 MB up, 98-100%).
+    a copy under the same timer, launch latency and L2 flush included (docs/kernels_performance.md).
     Memory: one buffer of ``max_bytes`` + 3 MiB (source and destination halves, sliced for the
-    smaller copies); time: about 30 ms on an H100."""
+    smaller copies); time: tens of milliseconds on a GPU (docs/measured.md §13)."""
     max_bytes = max_bytes or ((1 << 31) if device.type == "cuda" else (128 << 20))
     half = max_bytes // 2
     buf = torch.ones(2 * half + _GAP, dtype=torch.uint8, device=device)
@@ -86,7 +83,7 @@ def copy_curve(device: torch.device, max_bytes: int | None = None) -> CopyCurve:
         b *= 4
     out = []
     for b in reversed(sizes + [max_bytes]):  # largest first: a device idle until now runs its first
-        s, d = src[: b // 2], dst[: b // 2]  # copies at a low clock (one H100, 4 KiB: 29.5 us timed first, 3.6 us last)
+        s, d = src[: b // 2], dst[: b // 2]  # copies at a low clock (docs/measured.md §13)
         samples, _ = time_call(lambda: d.copy_(s), device, reps=10, warmup=2)
         out.append((2 * (b // 2), statistics.median(samples)))
     return tuple(reversed(out))

@@ -78,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"{' | '.join(NAMES)} | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
     r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
     r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
-    r.add_argument("--case", action="append", default=[], metavar="ID", help="run exactly this case id (parsed, need not be in a suite; repeatable); such a run has no report sections")
+    r.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="run exactly this case id (parsed, need not be in a suite; repeatable); such a run has no report sections")
     r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
     r.add_argument("--mode", default="strict", choices=VERDICT_MODES, help="forward verdict: strict (0 ULP) or 1-ulp (upstream)")
     r.add_argument("--nan-bits", default=DEFAULT_NAN_BITS, choices=NAN_BITS_MODES,

@@ -70,7 +70,8 @@ def compare_devices(device: str, seed: int = 0) -> list[dict[str, Any]]:
                 n_pre += d_pre
                 if (d_out or d_pre) and not first:
                     first = name
-            rows.append({"format": fmt, "variant": var, "elements": n_cmp, "output_bits_differ": n_out, "pre_round_differ": n_pre, "first_failing_input": first})
+            rows.append({"format": fmt, "variant": var, "elements": n_cmp, "output_bits_differ": n_out, "pre_round_differ": n_pre,
+                         "first_failing_input": first})
     return rows
 
 

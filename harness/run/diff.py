@@ -127,7 +127,8 @@ def diff_reports(old: dict[str, Any], new: dict[str, Any], *, slowdown: float = 
     d = Diff()
     _warn_differences(d, old, new)
     if not new.get("complete", True):
-        d.add(REGRESSIONS, "incomplete report", f"the new report is incomplete ({new.get('error') or 'no reason recorded'}): a run that did not finish cannot pass")
+        d.add(REGRESSIONS, "incomplete report",
+              f"the new report is incomplete ({new.get('error') or 'no reason recorded'}): a run that did not finish cannot pass")
     old_suite, new_suite = old.get("meta", {}).get("suite"), new.get("meta", {}).get("suite")
     if old_suite != new_suite:
         d.add(REGRESSIONS, "other suite", f"the new report is of suite {new_suite!r}, the baseline of suite {old_suite!r}: not the same cases")

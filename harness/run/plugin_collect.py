@@ -81,9 +81,8 @@ def gpu_case_groups(settings: ParitySettings, gpus: int) -> dict[str, int]:
     The groups are the shards of ``harness.run.shard.assign`` (largest case first onto the group
     with the fewest bytes), so the G groups carry about equal work and every process computes the
     same groups from the same settings.  Taking the cases in catalogue order instead balanced the
-    bytes but not the time: on the two-GPU H100 host one group got the many small cases (10,260 of
-    the 14,454 slow parity tests; 128 s of serial test time against 73 s), and ``-n 2`` ran at the
-    speed of that group.
+    bytes but not the time: one group got the many small cases, and ``-n 2`` ran at the speed of
+    that group (docs/measured.md §13).
     """
     cases = [case for case, _ in collected_cases(settings)]
     return {case.id: group - 1 for case, group in zip(cases, assign(cases, max(gpus, 1)))}

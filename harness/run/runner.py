@@ -235,8 +235,10 @@ def _run_locked(cfg: RunConfig) -> int:
         curve = copy_curve(device)
         copy_gbps = curve_gbps(curve)
     meta = run_meta(device) | {
-        "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve] if curve else None, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}), "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
-        "backends": [b.to_json() for b in cfg.backends], "cases": [c.id for c in cfg.cases], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits, "started": now_iso(),
+        "copy_gbps": copy_gbps, "copy_curve": [list(p) for p in curve] if curve else None, "suite": cfg.suite, "formats": sorted({c.fmt for c in cfg.cases}),
+        "checks": list(cfg.checks) + (["perf"] if cfg.perf and "perf" not in cfg.checks else []),
+        "backends": [b.to_json() for b in cfg.backends], "cases": [c.id for c in cfg.cases], "seed": cfg.seed, "mode": cfg.mode, "nan_bits": cfg.nan_bits,
+        "started": now_iso(),
         "finished": None, "source": "cli", "argv": list(cfg.argv), "cases_planned": len(cfg.cases), "timeout_s": cfg.timeout_s,
     }
     if cfg.shard is not None:

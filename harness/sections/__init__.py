@@ -119,10 +119,8 @@ SECTION_RUNNERS: dict[str, str] = {
 
 SPLIT_SECTIONS: frozenset[str] = frozenset({"moe", "dist"})
 """Sections whose runner takes ``part=Part(i, n)`` (see the module docstring): a sharded run gives each
-shard its part of them instead of giving each of them to one shard.  Measured on two H100s of one
-host (nightly, warm Triton cache), two shards at once, one per GPU: ``moe`` parts 25.5 / 24.5 s
-against 47.1 s whole, ``dist`` parts 13.7 / 11.8 s against 19.4 s whole (its gloo ranks are CPU
-work, and shards on one host share the CPUs)."""
+shard its part of them instead of giving each of them to one shard (chosen by measurement:
+docs/measured.md §13; ``dist``'s gloo ranks are CPU work, and shards on one host share the CPUs)."""
 
 
 def _single(name: str, verdict: str, message: str, part: Optional[Part] = None) -> Section:

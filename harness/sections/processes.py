@@ -135,16 +135,16 @@ class StartedSections:
         for n in self.chosen:
             mine, theirs = ctx.Pipe()
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
-            p = ctx.Process(target=_child, args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
+            p = ctx.Process(target=_child,
+                            args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
                             name=f"section-{n}")
             with startable_main():
                 p.start()
             theirs.close()
             self._procs[mine] = (n, p)
         # While the sections prepare, the caller's OpenMP threads leave them a CPU each: a parallel
-        # region waits for its slowest thread, and one waiting for a CPU stalls all of them (the
-        # unsharded nightly on a 32-CPU two-H100 host, a thread per CPU: inputs built in 18.9 and
-        # 23.5 s beside the preparing sections without this, 12.8 s with it).
+        # region waits for its slowest thread, and one waiting for a CPU stalls all of them
+        # (docs/measured.md §13).
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, self._threads - len(self.chosen)))
 
@@ -224,7 +224,7 @@ def start_sections(suite: str, seed: int, device: str, names: Optional[Iterable[
     ``PARALLEL_MIN_CPUS`` or more): every section gets a process of its own (``spawn``) now, which
     starts its interpreter, imports its runner and calls the runner module's ``prepare()`` while the
     caller goes on (the run's cases), then waits; ``run()`` starts them all at once, so the run waits
-    for the slowest section instead of their sum (on one H100 the nightly's ``moe`` section drives the
+    for the slowest section instead of their sum (on a one-GPU host the nightly's ``moe`` section drives the
     GPU while ``dist`` runs its gloo ranks on the CPUs), each with an equal share of this process's
     PyTorch threads.  On a GPU run, a section whose module declares ``host_only(device)`` (it uses no
     GPU there: ``dist``'s gloo matrix on a one-GPU host) does not wait for ``run()``: it starts as soon
@@ -232,12 +232,9 @@ def start_sections(suite: str, seed: int, device: str, names: Optional[Iterable[
     (one section, or few CPUs) ``run()`` runs them one after the other in this process.
 
     Cost of starting ahead: each section process holds its interpreter and imports while the cases
-    run (resident host memory on a CPU host, torch 2.13: 222-270 MB per section process and 366 MB
-    for dist's fork server, 1.3 GB for the four sections; no GPU memory: nothing initialises CUDA
-    before ``run()``, checked on an H100 host),
-    and the caller runs with one PyTorch thread fewer per section until ``run()`` or ``close()``.
-    Measured on two H100s of one host (nightly, warm Triton cache, two shards at once): the shards
-    took 66 s started ahead against 74.7 s started after the cases.
+    run (resident host memory, a few hundred MB per section process; no GPU memory: nothing
+    initialises CUDA before ``run()``), and the caller runs with one PyTorch thread fewer per section
+    until ``run()`` or ``close()``.  Starting ahead is chosen by measurement: docs/measured.md §13.
     """
     chosen = list(names) if names is not None else list(registry.SECTION_RUNNERS)
     unknown = [n for n in chosen if n not in registry.SECTION_RUNNERS]

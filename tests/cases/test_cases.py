@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis.errors import InvalidArgument
 
 from moe_fq_parity import reference
-from moe_fq_parity.cases import Case, case_seed, make_case, make_inputs, marks, parse_case, select, suite
+from moe_fq_parity.cases import Case, case_seed, make_case, make_inputs, marks, select, suite
 from moe_fq_parity.cases.shapes import NEMOTRON
 from moe_fq_parity.cases.strategies import cases as case_strategy
 from moe_fq_parity.harness.core.ulp import near_tie

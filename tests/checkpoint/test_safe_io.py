@@ -119,7 +119,8 @@ def test_allow_list_is_small():
     modules = {m for m, _ in safe_io.ALLOWED_GLOBALS}
     assert modules == {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch", "torch.serialization",
                        "collections", "pathlib", "torch.distributed.checkpoint.planner"}
-    assert {n for m, n in safe_io.ALLOWED_GLOBALS if m == "torch.distributed.checkpoint.planner"} == {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
+    assert {n for m, n in safe_io.ALLOWED_GLOBALS if m == "torch.distributed.checkpoint.planner"} == {
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
 
 
 _UNPICKLED: list[str] = []

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.reports.schema import validate
@@ -28,7 +25,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, dict]:
 
 def test_default_run_works_from_a_fresh_directory(tmp_path):
     """Defaults: suite smoke, all built-in backends, ./parity-report (sections are other modules' cost)."""
-    proc = subprocess.run([str(Path(sys.executable).with_name("moe-fq-parity")), "run", "--no-sections"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(Path(sys.executable).with_name("moe-fq-parity")), "run", "--no-sections"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "parity smoke" in proc.stderr  # the progress bar
     report = json.loads((tmp_path / "parity-report" / "report.json").read_text())

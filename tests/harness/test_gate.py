@@ -57,7 +57,8 @@ def test_compare_with_a_subset_run_is_a_regression_unless_declared(full, subset,
     assert f"{len(checked)} regressions ({len(checked)} missing record)" in out
     assert main(["compare", "--subset", str(full), str(subset)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"WARNING: SUBSET: {n_cases} baseline cases ({len(lost)} records) are outside the new run's selection and were NOT compared (--subset)"
+    assert out.splitlines()[0] == (f"WARNING: SUBSET: {n_cases} baseline cases ({len(lost)} records) are outside the new run's selection "
+                                   "and were NOT compared (--subset)")
     assert diff_reports(old, new, subset=True).regressions == []
 
 

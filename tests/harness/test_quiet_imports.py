@@ -30,7 +30,8 @@ def test_an_optional_import_hides_its_own_warnings_only(tmp_path, monkeypatch):
     assert [str(w.message) for w in seen] == ["the user's own warning"]
 
 
-LIST_LINE = re.compile(r"^(formats: .*|  \S+: .*; variants .*|suite \S+: \d+ cases, [\d.]+ M elements|backends: .*|  \S+\s+(built-in|external)\s+(available|unavailable).*)$")
+LIST_LINE = re.compile(r"^(formats: .*|  \S+: .*; variants .*|suite \S+: \d+ cases, [\d.]+ M elements|backends: .*"
+                       r"|  \S+\s+(built-in|external)\s+(available|unavailable).*)$")
 
 
 @pytest.mark.skipif(not (importable("megatron") or importable("modelopt")), reason="Megatron-Core / Model-Optimizer not installed: nothing warns")

@@ -40,7 +40,8 @@ def test_pass_through_gradient_is_the_incoming_gradient(gen: torch.Generator, de
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "reference"])
 def test_clipped_gradient_and_unused_outputs(use_kernel: bool, gen: torch.Generator, device: str) -> None:
     ws = _leaves(gen, device)
-    amax = torch.tensor([0.5, 0.0, 2.0, 1e-3], device=device) * torch.stack([w.detach().float().abs().amax() if w.numel() else torch.ones((), device=device) for w in ws])
+    amax = torch.tensor([0.5, 0.0, 2.0, 1e-3], device=device) * torch.stack(
+        [w.detach().float().abs().amax() if w.numel() else torch.ones((), device=device) for w in ws])
     outs = kernels.fake_quant_experts_ste(ws, amax, "int8", ste_mode="clipped", use_kernel=use_kernel)
     loss = (outs[0].float() * 3).sum() + outs[3].float().sum()  # experts 1 and 2 get no gradient
     loss.backward()

@@ -9,7 +9,6 @@ outcome per case) is what our model is held to here; where the upstream hook imp
 from __future__ import annotations
 
 import pytest
-import torch
 
 from moe_fq_parity.harness.sections.moe import upstream_hook as uh
 from moe_fq_parity.harness.sections.moe.compare import RowSink

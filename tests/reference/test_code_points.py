@@ -60,7 +60,8 @@ def test_code_points_are_fixed_and_midpoints_tie_to_even(name, fn, grid):
             n = torch.nextafter(m, torch.full_like(m, direction))
             want_n = torch.tensor([float(round_to_grid(Fraction(t), grid)) for t in n.tolist()])
             got_n = fn(n)
-            failures += [f"{name} near-midpoint {n[i].item()!r} -> {got_n[i].item()}, want {want_n[i].item()}" for i in torch.nonzero(got_n != want_n).reshape(-1).tolist()]
+            failures += [f"{name} near-midpoint {n[i].item()!r} -> {got_n[i].item()}, want {want_n[i].item()}"
+                         for i in torch.nonzero(got_n != want_n).reshape(-1).tolist()]
     assert not failures, "\n".join(failures[:20])
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from moe_fq_parity import reference
 from moe_fq_parity.reference import FORMATS
 

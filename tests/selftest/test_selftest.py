@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from moe_fq_parity.harness.sections.selftest import runner as runner
 from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.harness.sections.selftest.mutants import Mutant, build_mutants

@@ -110,11 +110,13 @@ def make_bad_cases(workdir: str, cfg: MoEConfig, seed: int, good: dict[tuple[str
         ),
         BadCase(
             "bytes_entry",
-            CkptTask("bad/bytes_entry", _single(cfg, seed, "one_vector", FP8, at("bytes"), **{f"{PREFIX}weight_quantizer._amax": "not a tensor"}), "one_vector", FP8, cfg=cfg),
+            CkptTask("bad/bytes_entry", _single(cfg, seed, "one_vector", FP8, at("bytes"), **{f"{PREFIX}weight_quantizer._amax": "not a tensor"}),
+                     "one_vector", FP8, cfg=cfg),
             "UnsafeCheckpointError",
             (f"'{PREFIX}weight_quantizer._amax'", "pickled object"),
         ),
-        BadCase("missing_dir", CkptTask("bad/missing_dir", at("no-such-checkpoint"), "one_vector", FP8, cfg=cfg), "CheckpointCorruptError", ("not a directory",)),
+        BadCase("missing_dir", CkptTask("bad/missing_dir", at("no-such-checkpoint"), "one_vector", FP8, cfg=cfg), "CheckpointCorruptError",
+                ("not a directory",)),
     ]
     ov: Optional[str] = good.get(("one_vector", FP8))
     nq: Optional[str] = good.get(("n_quantizer", FP8))
@@ -162,11 +164,13 @@ def _corrupted(good: str, workdir: str, cfg: MoEConfig) -> list[BadCase]:
     out.append(BadCase("truncated_data", CkptTask("bad/truncated_data", data, "one_vector", FP8, cfg=cfg), "CheckpointCorruptError", ("unreadable",)))
     meta = _copy(good, os.path.join(workdir, "truncated_metadata"))
     _cut(os.path.join(meta, ".metadata"))
-    out.append(BadCase("truncated_metadata", CkptTask("bad/truncated_metadata", meta, "one_vector", FP8, cfg=cfg), "CheckpointCorruptError", (".metadata", "unreadable")))
+    out.append(BadCase("truncated_metadata", CkptTask("bad/truncated_metadata", meta, "one_vector", FP8, cfg=cfg), "CheckpointCorruptError",
+                       (".metadata", "unreadable")))
     garbled = _copy(good, os.path.join(workdir, "garbled_metadata"))
     with open(os.path.join(garbled, ".metadata"), "wb") as fh:
         fh.write(bytes(range(256)) * 4)
-    out.append(BadCase("garbled_metadata", CkptTask("bad/garbled_metadata", garbled, "one_vector", FP8, cfg=cfg), "CheckpointCorruptError", (".metadata", "unreadable")))
+    out.append(BadCase("garbled_metadata", CkptTask("bad/garbled_metadata", garbled, "one_vector", FP8, cfg=cfg), "CheckpointCorruptError",
+                       (".metadata", "unreadable")))
     unsafe = _copy(good, os.path.join(workdir, "unsafe_metadata"))
     with open(os.path.join(unsafe, ".metadata"), "wb") as fh:
         pickle.dump(_CallsPrint(), fh)

@@ -244,7 +244,8 @@ def _vector_size_rows(saved: list[_Saved], truth: Truth, out: list[Verdict]) -> 
         try:
             for c, p in plans:
                 from_loaded({e.key: slice_full(short, e, s.layout, c) for e in p}, p)
-            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "fail", fields, f"a ({truth.cfg.num_experts - 1},) vector under {key!r} loaded without an error"))
+            out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "fail", fields,
+                               f"a ({truth.cfg.num_experts - 1},) vector under {key!r} loaded without an error"))
         except ValueError as exc:
             ok = key in str(exc) and f"({truth.cfg.num_experts},)" in str(exc)
             out.append(Verdict(f"vector_size/refused/{t.ckpt_id}", "pass" if ok else "fail", fields, f"refused: {exc}"))
@@ -322,7 +323,7 @@ def _stage_load(plan: DistPlan, saved: list[_Saved], bad: list[BadCase], truth: 
 
 def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadCase], ranks: Union[list[dict], Exception], truth: Truth,
                 first_owned: int = 0, failed_prefix: str = "") -> LoadRows:
-    index = {l: i for i, l in enumerate(plan.save_layouts)}
+    index = {sl: i for i, sl in enumerate(plan.save_layouts)}
     blocks: LoadRows = {}
     if isinstance(ranks, Exception):
         blocks[(0, first_owned)] = [Verdict(f"{failed_prefix}load/{lay.id}", "fail", {"load": lay.id, "engine": plan.engine}, f"load ranks failed: {ranks}")]
@@ -365,8 +366,8 @@ def _judge_load(plan: DistPlan, lay: Layout, saved: list[_Saved], bad: list[BadC
 def one_thread() -> Iterator[None]:
     """Run this process's torch ops on one intra-op thread, then restore the setting.
 
-    The judging is many tiny tensor ops; with 2 threads, ``torch.round`` on a few thousand
-    elements took 12 ms instead of 8 us on a 2-core machine (torch 2.13 CPU).
+    The judging is many tiny tensor ops, which several intra-op threads slow down by orders of
+    magnitude on a small host (chosen by measurement: docs/measured.md §13).
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -339,8 +339,7 @@ def load_full(path: str | os.PathLike, internal: Sequence[str] = ()) -> dict[str
     tensor of its chunk's shape and the entry's dtype (``torch.load(weights_only=True)``), and
     placed by offset; no element is left unwritten, none is converted.  Memory: an entry stored in
     one chunk is returned as loaded; otherwise its chunks and the whole entry (2x the entry) at once.
-    Time: 32 fp32 entries of 1 MiB each load in 131-151 ms, where ``dcp.load`` with the safe
-    reader took 845-1084 ms (CPU host, torch 2.13, 2026-11-27).
+    Time: several times faster than ``dcp.load`` with the safe reader (docs/measured.md §13).
 
     Byte entries named by ``internal`` (the engine's own, ``Engine.internal_keys``) are left
     unread, never unpickled.

@@ -40,10 +40,8 @@ Model-Optimizer 0.47.0 computes the mask in ``_fake_tensor_quant_backward``, a
 ``torch.jit.script`` function: ``x.abs() <= amax`` with the 0-dim amax of a quantizer.  Run as
 written (always on CPU) it follows torch's type promotion (``torch_promotion``); once
 TorchScript's profiling executor has fused it into a CUDA kernel, the comparison runs in fp32.
-Which calls of a process run fused is the executor's choice, not a rule: on an H100 (torch
-2.11.0+cu130) the seven calls of the row run alone went ``torch_promotion`` x2, ``fp32`` x5, and
-inside the nightly ``torch_promotion, fp32, fp32, torch_promotion, fp32, fp32, fp32``.  So the
-verdict depends on what each call computed only: every call must follow one of the backend's
+Which calls of a process run fused is the executor's choice, not a rule (the orders seen on a GPU:
+docs/measured.md §13).  So the verdict depends on what each call computed only: every call must follow one of the backend's
 documented rules (a backend not listed: one of ``reference.CLIP_RULES``), in any order."""
 
 

@@ -312,7 +312,8 @@ def match_variants(
 def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
     """Human-readable lines: per case and variant, value mismatches (bit-level differences apart)."""
     up = f"; up to exact-tie flips: {', '.join(f'{v} ({m.tie_flips(v)} flips)' for v in m.matched_up_to_ties)}" if m.matched_up_to_ties else ""
-    up += (f"; up to approximate-division flips: {', '.join(f'{v} ({m.tie_flips(v)} exact-tie, {m.division_flips(v)} near-tie)' for v in m.matched_up_to_division)}"
+    up += ("; up to approximate-division flips: "
+           + ", ".join(f"{v} ({m.tie_flips(v)} exact-tie, {m.division_flips(v)} near-tie)" for v in m.matched_up_to_division)
            if m.matched_up_to_division else "")
     lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'}{up} ({m.numel} elements, {m.near_tie} near ties)"]
     for c in m.cases:

@@ -17,7 +17,7 @@ Rows (role ``grouped_linear/weight/{name}``, routing ``calib``):
   (per-expert scales do not depend on which rank holds an expert); ``shared``: *not* equal
   (without an EP sync its amax is the local max: what the EP sync of shared amax fixes).
 
-Cost: each bench builds 5 models x 2 ranks more; ~0.05 s per bench on the smoke shapes.
+Cost: each bench builds 5 models x 2 ranks more (timed: docs/measured.md §13).
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ def layout_rows(shape: ExpertShape, data: ExpertData, name: str, sink: RowSink, 
     _roundtrip(sink, role, sd, n, packed=True)
     x, splits = data.routings["calib"]
     fwd = lambda m: m(x, splits).detach()  # noqa: E731
-    _load_check(sink, role, "state_dict/load/indexed_to_single", indexed, _twin(shape, data, device, single=True, bias=True), os.path.join(tmpdir, "indexed.pt"), fwd)
+    _load_check(sink, role, "state_dict/load/indexed_to_single", indexed, _twin(shape, data, device, single=True, bias=True),
+                os.path.join(tmpdir, "indexed.pt"), fwd)
     single = _twin(shape, data, device, single=True, bias=True)
     blank = GroupedLinearTwin(n, shape.in_features, shape.out_features, bias=True, params_dtype=shape.dtype, device=device)
     _load_check(sink, role, "state_dict/load/single_to_indexed", single, blank, os.path.join(tmpdir, "single.pt"), fwd)
@@ -195,7 +196,8 @@ def _early_return_rows(shape: ExpertShape, data: ExpertData, sd: dict, sink: Row
                 problems.append(f"{'single' if single else 'indexed'}: unexpected {result.unexpected_keys}, missing {result.missing_keys}")
             elif not bit_diff([fwd(_twin(shape, data, device, single=False, bias=False))], [fwd(_loaded(target, src))], label="output").equal:
                 problems.append(f"{'single' if single else 'indexed'}: weights loaded through the hook differ")
-        sink.add(role, check, ok=not problems, expected="bias-free modules convert weight keys and leave every bias key of a biased checkpoint alone (reported unexpected)",
+        sink.add(role, check, ok=not problems,
+                 expected="bias-free modules convert weight keys and leave every bias key of a biased checkpoint alone (reported unexpected)",
                  measured="; ".join(problems) or "bias keys untouched in both directions", detail="; ".join(problems))
 
 
@@ -223,7 +225,6 @@ def _main_params(chunk: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _optimizer_rows(shape: ExpertShape, data: ExpertData, sink: RowSink, role: Role, device: torch.device) -> None:
     """Optimizer-side normalisation rows (``normalize_flat_grouped_params``; see module docstring)."""
-    n = shape.num_experts
     for src_single, check in ((False, "state_dict/optimizer/indexed_to_single"), (True, "state_dict/optimizer/single_to_indexed")):
         with sink.guard(role, check):
             src = _Chunk(_twin(shape, data, device, single=src_single, bias=True))

@@ -38,6 +38,8 @@ def te_role_rows(bench: Bench, sink: RowSink) -> None:
         te_fq = [reference.fake_quant(w, a, "fp8_e4m3", "te_current") for w, a in zip(bench.data.weights, amax)]
         diff = bit_diff(bench.quantized_weights(bench.sequential), te_fq, label="expert")
         small = [i for i, a in enumerate(amax) if float(a) <= 2.0**-24]
-        sink.add(role, check, ok=not problems and diff.equal, expected=f"{n} E4M3 weight quantizers (one per GEMM); per-expert te_current == sequential fake quant",
-                 measured="; ".join(problems) or ("equal" if diff.equal else f"{diff.mismatches}/{diff.numel} differ") + (f" (experts {small} amax <= 2^-24)" if small else ""),
+        sink.add(role, check, ok=not problems and diff.equal,
+                 expected=f"{n} E4M3 weight quantizers (one per GEMM); per-expert te_current == sequential fake quant",
+                 measured="; ".join(problems)
+                 or ("equal" if diff.equal else f"{diff.mismatches}/{diff.numel} differ") + (f" (experts {small} amax <= 2^-24)" if small else ""),
                  mismatches=diff.mismatches, detail="; ".join(problems + [diff.summary()]))

@@ -85,9 +85,7 @@ Nemotron 3 Nano's routed expert at EP=4 (N=32, fc1 ``[1856, 2688]``, fc2 ``[2688
 LAYOUT_WEIGHT, BLOCK_SCALED_WEIGHT = 0.5, 1.6
 """Cost of a block relative to a recipe's, for cutting the section into parts: a layer's layout rows
 cost about half a recipe, a recipe of a two-level block-scaled format (``FormatSpec.block``: NVFP4)
-about 1.6 (its reference computes block scales).  From the
-nightly on two H100s with equal weights: the part holding the layout blocks and the INT recipes took
-19.2 s, the part holding the FP8 and both NVFP4 recipes 26.3 s."""
+about 1.6 (its reference computes block scales).  Chosen by measurement: docs/measured.md §13."""
 
 
 def block_weight(cfg: SuiteConfig, recipe: int) -> float:
@@ -142,7 +140,8 @@ def run(suite: str, seed: int, device: str, part: Optional[Part] = None) -> Sect
                 recipe = Recipe.uniform([name], wspec, ispec)
                 benches: dict[str, Bench] = {}
                 for backend in backends:
-                    sink = RowSink(f"{backend}/{wspec.id}/{shape.id}", suite, seed, device, dict(backend=backend, spec=f"{wspec.id} ({wspec.ste_mode})", shape=shape.id))
+                    sink = RowSink(f"{backend}/{wspec.id}/{shape.id}", suite, seed, device,
+                                   dict(backend=backend, spec=f"{wspec.id} ({wspec.ste_mode})", shape=shape.id))
                     with sink.guard(Role("grouped_linear", "weight", name), "build_and_calibrate"):
                         benches[backend] = bench = build_bench(recipe, name, shape, data, backend=backend, device=dev)
                         weight_rows(bench, sink)

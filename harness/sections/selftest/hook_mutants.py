@@ -14,7 +14,7 @@ Mutants (each is a bug the grouped/indexed key normalisation could plausibly car
 * ``optimizer-split-beside-partial-indexed`` / ``optimizer-bias-without-use-bias`` -- the same two
   bugs in the optimizer-side normalisation of flat main params (``normalize_flat_grouped_params``).
 
-Cost: one ``layout_rows`` pass (N=4, 16x32) per mutant plus the control, ~0.1 s each on one core.
+Cost: one ``layout_rows`` pass (N=4, 16x32) per mutant plus the control (timed: docs/measured.md §13).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def run_hook_mutants(seed: int, names: set[str] | None = None) -> list[MutantOut
     for m in chosen:
         start = time.perf_counter()
         if control:
-            outcomes.append(MutantOutcome(m.name, m.bug, False, "", "", f"control state-dict rows fail without any mutant: {control[0].id}: {control[0].message[:200]}"))
+            outcomes.append(MutantOutcome(m.name, m.bug, False, "", "",
+                                          f"control state-dict rows fail without any mutant: {control[0].id}: {control[0].message[:200]}"))
             continue
         with m.applied():
             rows = _rows(seed)
@@ -111,7 +112,8 @@ def run_hook_mutants(seed: int, names: set[str] | None = None) -> list[MutantOut
         secs = time.perf_counter() - start
         if failed:
             check = failed[0].fields.get("check", failed[0].id)
-            outcomes.append(MutantOutcome(m.name, m.bug, True, check, "", f"{SHAPE.id}: " + (failed[0].message or failed[0].fields.get("measured", ""))[:300], len(rows), secs))
+            outcomes.append(MutantOutcome(m.name, m.bug, True, check, "", f"{SHAPE.id}: " + (failed[0].message or failed[0].fields.get("measured", ""))[:300],
+                                          len(rows), secs))
         else:
             outcomes.append(MutantOutcome(m.name, m.bug, False, "", "", f"survived {len(rows)} state-dict rows", len(rows), secs))
     return outcomes
