@@ -168,7 +168,7 @@ def test_autograd_without_amax(fmt: str, gen: torch.Generator, device: str) -> N
         grads = [torch.randn(w.shape, generator=gen).to(torch.bfloat16).to(device) for w in ws]
         torch.autograd.backward([o for o in outs if o.numel()], [g for o, g in zip(outs, grads) if o.numel()])
         want = reference.ste_backward_experts(ws, None, grads, mode, fmt=fmt)
-        assert_same_bits([l.grad if l.grad is not None else torch.zeros_like(l) for l in leaves], want, case=f"{fmt}/ste/{mode}/grad")
+        assert_same_bits([leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves], want, case=f"{fmt}/ste/{mode}/grad")
         x = torch.stack([ws[0]] * 3).requires_grad_(True)
         y = kernels.fake_quant_stacked_ste(x, None, fmt, ste_mode=mode)
         assert_same_bits([y.detach()], [reference.fake_quant(x.detach(), None, fmt)], case=f"{fmt}/stacked-ste/{mode}")
