@@ -46,5 +46,5 @@ def load_external(spec: str) -> object:
     try:
         check_backend(obj, origin=spec)
     except ContractError as exc:
-        raise BackendLoadError(f"{exc}. See harness/contract.py for the contract.") from exc
+        raise BackendLoadError(f"{exc}. See moe_fq_parity.harness.core.contract for the contract.") from exc
     return obj
