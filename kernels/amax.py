@@ -21,6 +21,9 @@ from typing import NamedTuple
 
 import torch
 
+from moe_fq_parity.reference.formats import format_spec
+from moe_fq_parity.reference.granularity import FROM_DATA, granularity_of
+
 
 class AmaxView(NamedTuple):
     """fp32 amax buffer plus strides; ``per_channel`` tells the kernel to read one value per row
@@ -122,9 +125,6 @@ def reject_amax(fmt: str, amax: object, x: torch.Tensor | None = None) -> None:
     stacked input the granularity is read against; a list's amax is per expert or per channel)."""
     if amax is None:
         return
-    from moe_fq_parity.reference.formats import format_spec
-    from moe_fq_parity.reference.granularity import FROM_DATA, granularity_of
-
     if not isinstance(amax, torch.Tensor):
         raise TypeError(f"{fmt} takes no amax (granularity {FROM_DATA}: its scales come from the data); pass amax=None")
     if x is not None:

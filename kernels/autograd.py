@@ -18,7 +18,8 @@ import torch
 
 from . import checks, launch, tables
 from .amax import reject_amax
-from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec, check_square_blocks, expert_amax
+from .api import STE_MODES, _clipped_launch, _validate_list, cached_spec, check_square_blocks, expert_amax, fake_quant, ste_backward
+from .geometry import check_expert_list
 
 
 def _reference():
@@ -95,8 +96,6 @@ class FakeQuantStackedFn(torch.autograd.Function):
         if ste_mode == "clipped":
             ctx.save_for_backward(amax, weight)
         if use_kernel:
-            from .api import fake_quant
-
             return fake_quant(weight, amax, fmt, check_values=check, **options)
         return _reference().fake_quant(weight, amax, fmt, **options)
 
@@ -107,8 +106,6 @@ class FakeQuantStackedFn(torch.autograd.Function):
             return head + (grad,)
         amax, weight = ctx.saved_tensors
         if ctx.use_kernel:
-            from .api import ste_backward
-
             return head + (ste_backward(weight, amax, grad.contiguous(), "clipped"),)
         rows = _reference().ste_backward_experts(list(weight.unbind(0)), amax, list(grad.unbind(0)), "clipped", fmt=ctx.fmt)
         return head + (torch.stack(rows) if rows else torch.zeros_like(grad),)
@@ -167,6 +164,4 @@ def fake_quant_experts_ste(
 
 
 def _validate_list_types(weights: Sequence[torch.Tensor]) -> None:
-    from .geometry import check_expert_list
-
     check_expert_list(weights)

@@ -229,10 +229,10 @@ def _kernel(which: str):
     """The forward or backward ``triton.jit`` function, imported on first use (importing this
     module does not import Triton; an import statement per call costs about a microsecond)."""
     if which == "fwd":
-        from .fwd_kernel import fake_quant_fwd_kernel
+        from .fwd_kernel import fake_quant_fwd_kernel  # deferred: importing Triton waits for the first launch
 
         return fake_quant_fwd_kernel
-    from .bwd_kernel import clipped_bwd_kernel
+    from .bwd_kernel import clipped_bwd_kernel  # deferred: as above
 
     return clipped_bwd_kernel
 

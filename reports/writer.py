@@ -47,7 +47,7 @@ def new_report(meta: dict[str, Any]) -> dict[str, Any]:
 
 def write_report(out_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Path]:
     """Write a finished ``report`` as ``out_dir/report.json`` and ``out_dir/report.html`` (atomically each)."""
-    from .html import render_html
+    from .html import render_html  # deferred: matplotlib and jinja2 load only when HTML is written
 
     out = Path(out_dir)
     json_path, html_path = out / "report.json", out / "report.html"
@@ -110,6 +110,6 @@ class ReportWriter:
     def write_html(self) -> None:
         """``report.html`` of the JSON as written now (at the start of a run: an incomplete report with
         no records yet, so an HTML of an earlier run never stands beside this run's JSON)."""
-        from .html import render_html
+        from .html import render_html  # deferred: as in write_report
 
         atomic_write_text(self.html_path, render_html(json.loads(self.json_path.read_text())))

@@ -43,9 +43,12 @@ from moe_fq_parity.harness.core.equality import MAX_OFFENDERS, offenders_at
 from moe_fq_parity.harness.core.records import Offender
 from moe_fq_parity.harness.core.bits import bits_equal
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, compare, near_tie, other_side, ulp_distance
+from moe_fq_parity.harness.sections.cli_args import at_least, json_path
+from moe_fq_parity.reference.nvfp4 import nvfp4_tie_probe
 from moe_fq_parity.reports.schema import dumps
 
 from . import FAMILIES, probes
+from .registry import load_backend
 from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
 
 DEFAULT_CAP = MAX_OFFENDERS
@@ -347,8 +350,6 @@ def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
 def tie_probe(backend: object) -> dict[str, Any]:
     """Run ``reference.nvfp4.nvfp4_tie_probe`` through ``backend`` (one fp32 block ``[bamax, x, 0...]``
     with global amax ``g``): the IEEE answer, the backend's, and which way it rounded the tie."""
-    from moe_fq_parity.reference.nvfp4 import nvfp4_tie_probe
-
     p = nvfp4_tie_probe()
     w = torch.zeros(1, 16, dtype=torch.float32)
     w[0, 0], w[0, 1] = p["block_amax"], p["x"]
@@ -361,10 +362,6 @@ def tie_probe(backend: object) -> dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: print the match of one backend per format; ``--json`` writes every record."""
-    from moe_fq_parity.harness.sections.cli_args import at_least, json_path
-
-    from .registry import load_backend
-
     p = argparse.ArgumentParser(prog="python -m moe_fq_parity.harness.sections.external.variant_match", description=__doc__.split("\n")[0])
     p.add_argument("--backend", required=True, help="a backend name (moe-fq-parity list: modelopt, modelopt-eager, te, te-current, "
                    "torchao, torchao-ceil, torchao-even, torchao-rceil, the built-ins), module:object, or a family "
