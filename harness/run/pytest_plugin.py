@@ -66,13 +66,14 @@ Options (group ``parity``; each also from the environment ``PARITY_*``): ``--par
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import pytest
 
 from moe_fq_parity.harness.core.triton_env import prepare
 
-from .plugin_options import MARKERS, ParitySettings, add_options, is_parity_test
+from .plugin_options import ENV_NAMES, ENV_PREFIX, MARKERS, ParitySettings, add_options, is_parity_test
 from .plugin_state import SESSION, ParitySession, parity_case_of, session_of
 
 # The hooks import the concern modules where they need them: each imports torch, which the plugin's
@@ -83,12 +84,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+def ours(config: pytest.Config) -> bool:
+    """Whether this pytest session asks for the harness up front: a ``--parity-*`` option (command
+    line or ini ``addopts``) or a ``PARITY_*`` variable is set, or the session runs in this
+    repository.  Any other session (another project's, in an environment where this distribution is
+    installed) gets the markers only: no torch import, no ``TRITON_INTERPRET``, no GPU leases; its
+    parity tests, if a test file brings them in, start the session when they are collected
+    (``session``)."""
+    if any(config.getoption("parity_" + opt, None) not in (None, False) for opt in ENV_NAMES):
+        return True
+    if any(k.startswith(ENV_PREFIX) for k in os.environ):
+        return True
+    return (config.rootpath / "harness" / "run" / "pytest_plugin.py").is_file()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    prepare()  # Triton's interpreter mode on a CUDA-less host, before any harness module can import triton
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
-    if config.getoption("help", False):
+    if config.getoption("help", False) or not ours(config):
         return
+    _start(config)
+
+
+def _start(config: pytest.Config) -> ParitySession:
+    """Resolve and check the settings (usage errors), and hold the report folder's lock."""
+    prepare()  # Triton's interpreter mode on a CUDA-less host, before any harness module can import triton
     from . import plugin_settings  # deferred: torch stays out of the plugin's load
 
     state = ParitySession(plugin_settings.resolve(config))
@@ -98,7 +118,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from moe_fq_parity.harness.core.processes import share_cpus  # deferred: as above
 
         share_cpus(int(config.workerinput.get("workercount", 1)))
-        return
+        return state
     if state.settings.explicit_backends and not config.option.collectonly:  # listing tests runs no backend
         plugin_settings.check_named_backends(state.settings, state.loaded)
     if state.settings.report_dir is not None:
@@ -108,6 +128,14 @@ def pytest_configure(config: pytest.Config) -> None:
         from .plugin_collect import gpu_count  # deferred: as above
 
         state.gpu_groups = gpu_count()  # xdist's default for -n: schedule the GPU groups (module docstring)
+    return state
+
+
+def session(config: pytest.Config) -> ParitySession:
+    """The session state, started here for a session that was not ``ours`` once its parity tests are
+    collected."""
+    state = session_of(config)
+    return state if state is not None else _start(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -151,9 +179,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> Any:
     return gpu_group_scheduler(config, log, state.settings, state.gpu_groups)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    s = config.stash[SESSION].settings
-    groups = config.stash[SESSION].gpu_groups
+def pytest_report_header(config: pytest.Config) -> Optional[str]:
+    state = session_of(config)
+    if state is None:
+        return None
+    s, groups = state.settings, state.gpu_groups
     return (f"parity: seed={s.seed} suite={s.suite or 'ci (+slow-marked larger cases)'} backends={','.join(s.backends)} "
             f"mode={s.mode} hypothesis-profile={s.hypothesis_profile}" + (f" report={s.report_dir}" if s.report_dir else "")
             + (f"\nparity: xdist scheduling: GPU parity cases in {groups} group(s), one worker per GPU" if groups else ""))
@@ -164,7 +194,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     from .plugin_collect import parametrize  # deferred: as above
 
-    parametrize(metafunc, metafunc.config.stash[SESSION].settings)
+    parametrize(metafunc, session(metafunc.config).settings)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -172,13 +202,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # another project's tests (or none of ours): left as they are
     from .plugin_collect import modify_items  # deferred: as above
 
-    modify_items(config, items, config.stash[SESSION].settings)
+    modify_items(config, items, session(config).settings)
 
 
 @pytest.fixture(scope="session")
 def parity_settings(request: pytest.FixtureRequest) -> ParitySettings:
     """The resolved ``ParitySettings``."""
-    return request.config.stash[SESSION].settings
+    return session(request.config).settings
 
 
 @pytest.fixture
@@ -186,7 +216,7 @@ def parity_loaded_backend(parity_backend: str, request: pytest.FixtureRequest):
     """The ``LoadedBackend`` of ``parity_backend``; skips (with the reason) when unavailable here."""
     from .plugin_checks import loaded_backend  # deferred: as above
 
-    lb = loaded_backend(request.config.stash[SESSION], parity_backend)
+    lb = loaded_backend(session(request.config), parity_backend)
     if not lb.available:
         pytest.skip(f"backend {parity_backend} unavailable: {lb.why_not}")
     return lb
@@ -198,7 +228,7 @@ def parity_record(request: pytest.FixtureRequest) -> Callable[[Any], None]:
     from .plugin_records import add_record  # deferred: as above
 
     def add(rec) -> None:
-        add_record(request.config.stash[SESSION], request.node, rec)
+        add_record(session(request.config), request.node, rec)
 
     return add
 
@@ -209,7 +239,7 @@ def parity_check(parity_case, parity_loaded_backend, parity_record, request: pyt
     from .plugin_checks import run_check  # deferred: as above
 
     def run(name: str):
-        recs = run_check(request.config.stash[SESSION], parity_case, parity_loaded_backend, name)
+        recs = run_check(session(request.config), parity_case, parity_loaded_backend, name)
         for r in recs:
             parity_record(r)
         return recs[0]

@@ -54,6 +54,30 @@ def test_another_projects_gpu_marker_is_left_alone(tmp_path):
                                              cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300).stdout  # loaded
 
 
+def test_another_projects_session_gets_no_torch_and_no_triton_interpreter(tmp_path):
+    """In a session with no ``--parity-*`` option and no ``PARITY_*`` variable outside this repository,
+    the plugin imports no torch and leaves ``TRITON_INTERPRET`` alone (on a CUDA-less host it would
+    otherwise switch every Triton kernel of that project to the interpreter)."""
+    (tmp_path / "test_theirs.py").write_text(
+        "import os\nimport sys\n\n\ndef test_untouched():\n"
+        "    assert 'torch' not in sys.modules\n    assert 'TRITON_INTERPRET' not in os.environ\n")
+    env = {k: v for k, v in _env(CUDA_VISIBLE_DEVICES="").items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_parity_tests_a_test_file_brings_in_start_the_session_when_collected(tmp_path):
+    """The same kind of session, with the ready parity test imported by a test file and no option:
+    the settings are resolved when its tests are collected (the defaults), and they run."""
+    (tmp_path / "test_parity_here.py").write_text("from moe_fq_parity.harness.run.parity_test import *  # noqa: F401,F403\n")
+    proc = _pytest(tmp_path, "-k", "reference and int8 and forward", "--co", CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "tests collected" in proc.stdout, proc.stdout[-2000:]
+    run = _pytest(tmp_path, "-k", "reference and int8 and forward", "-x", CUDA_VISIBLE_DEVICES="")
+    assert run.returncode == 0 and " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("name, how", [("ExitsZero", "exited with code 0"), ("Segfaults", "killed by signal SIGSEGV")])
 def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(tmp_path, name, how):
     proj = tmp_path / "proj"
