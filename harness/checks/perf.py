@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from moe_fq_parity.harness.core.records import Perf
-from moe_fq_parity.harness.core.timing import copy_us_at, time_call
+from moe_fq_parity.harness.core.timing import copy_us_at, host_samples_us, time_call
 
 from .common import CheckContext, call_backend, call_options, record
 
@@ -100,17 +100,9 @@ def check_perf(ctx: CheckContext, forward_verdict: str, loop_us: Optional[float]
 
 
 def host_us(fn, device: torch.device, reps: int) -> float:
-    """Median host time (us) of one call of ``fn``, the device idle at the start of each."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    out = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-    sync()
-    return statistics.median(out)
+    """Median host time (us) of one call of ``fn``, the device idle at the start of each
+    (``core.timing.host_samples_us``)."""
+    return statistics.median(host_samples_us(fn, reps, sync=torch.cuda.synchronize if device.type == "cuda" else (lambda: None)))
 
 
 def _time_entries(entries: dict, device: torch.device, reps: int, detail: bool):
