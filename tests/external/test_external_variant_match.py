@@ -247,17 +247,22 @@ def test_near_tie_flips_within_the_division_bound_pass_only_when_declared():
 
 
 def test_a_wrong_value_beside_division_flips_is_not_excused():
-    """One element two grid steps off at a near tie is an error, not a division flip."""
+    """An element near a rounding boundary that lands two grid steps off (not on the other side's
+    grid value) is an error, not a division flip."""
     from moe_fq_parity.harness.sections.external.match_cases import nvfp4_te_dequant_case
+
+    case = nvfp4_te_dequant_case()
+    clean = match_variants(ApproxQuotient(2), "nvfp4", cases=[case])
+    flip = next(o for c in clean.cases for v in c.variants if v.variant == "modelopt_static" for o in v.division_offenders if o.got != 0)
 
     class TwoSteps(ApproxQuotient):
         def fake_quant(self, weights, amax, fmt, **options):
             out = super().fake_quant(weights, amax, fmt, **options)
-            flat = out[0].view(-1)
-            k = int(torch.nonzero(flat != 0)[0])
-            flat[k] = flat[k] * 3
+            out[flip.expert][flip.row, flip.col] = out[flip.expert][flip.row, flip.col] * 3  # the flip, pushed further
             return out
 
-    m = match_variants(TwoSteps(2), "nvfp4", cases=[nvfp4_te_dequant_case()])
+    m = match_variants(TwoSteps(2), "nvfp4", cases=[case])
+    assert m.mismatches("modelopt_static") == clean.mismatches("modelopt_static")
+    assert m.division_flips("modelopt_static") == clean.division_flips("modelopt_static") - 1
     assert m.mismatches("modelopt_static") == m.tie_flips("modelopt_static") + m.division_flips("modelopt_static") + 1
     assert variants_row(m, "modelopt_static", "repro", approximate_division=True).verdict == "fail"
