@@ -14,7 +14,7 @@ Imported by the plugin once a parity test runs (it imports torch through the che
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pytest
 import torch
@@ -93,9 +93,44 @@ def _worker_device(device: str) -> str:
     return device
 
 
-def _in_worker(state: ParitySession, case: Any, backend: LoadedBackend, name: str) -> Optional[list[CheckRecord]]:
+def ready_runs(items: Sequence[pytest.Item]) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """For every ready parity test (``test_parity``: one ``check`` parameter) in ``items``: its check and
+    those of the tests right after it on the same case and backend, and whether the test after those
+    is on the same case.  A worker computes such a run of checks in one request (one round trip and
+    one pass over the case per backend, not one per test)."""
+    keys: list[Optional[tuple[str, str]]] = []
+    checks: list[Optional[str]] = []
+    for it in items:
+        params = getattr(getattr(it, "callspec", None), "params", {})
+        case, spec, check = params.get("parity_case"), params.get("parity_backend"), params.get("check")
+        ok = case is not None and isinstance(spec, str) and isinstance(check, str)
+        keys.append((case.id, spec) if ok else None)
+        checks.append(check if ok else None)
+    out: dict[str, tuple[tuple[str, ...], bool]] = {}
+    end = len(items)
+    for i in range(len(items) - 1, -1, -1):
+        if keys[i] is None:
+            end = i
+            continue
+        if i + 1 < len(items) and keys[i + 1] != keys[i]:
+            end = i + 1
+        after = keys[end] if end < len(items) else None
+        out[items[i].nodeid] = (tuple(c for c in checks[i:end] if c is not None), after is not None and after[0] == keys[i][0])
+    return out
+
+
+def _in_worker(state: ParitySession, case: Any, backend: LoadedBackend, name: str, item: Optional[pytest.Item]) -> Optional[list[CheckRecord]]:
     """The check's records from the session's worker (started on first use, replaced after a crash),
-    or ``None`` where it cannot run there."""
+    or ``None`` where it cannot run there.
+
+    A ready test asks for its own check and the planned checks of the tests right after it on the
+    same case and backend (``ready_runs``); their records wait in ``state.prepared`` for those tests.
+    Only checked records are kept ahead: a check that crashed, timed out or ran out of memory is run
+    again, alone, by its own test (in a fresh worker after a crash)."""
+    key = (case.id, backend.spec, name)
+    if key in state.prepared:
+        return state.prepared.pop(key)
+    state.prepared.clear()  # another case or backend: what was computed ahead for the last one is stale
     if isolatable([backend]) is not None:
         return None
     s = state.settings
@@ -105,12 +140,24 @@ def _in_worker(state: ParitySession, case: Any, backend: LoadedBackend, name: st
     elif backend.spec not in state.supervisor.specs:  # a backend of the user's test outside --parity-backend
         state.supervisor.close()
         state.supervisor = Supervisor((*state.supervisor.specs, backend.spec), state.supervisor.settings, None)
-    same_next = state.next_case is not None and state.next_case.id == case.id
+    checks, keep = (name,), state.next_case is not None and state.next_case.id == case.id
+    if item is not None:
+        if state.runs is None:
+            state.runs = ready_runs(item.session.items)
+        run = state.runs.get(item.nodeid)
+        if run is not None and run[0][:1] == (name,):
+            checks, keep = tuple(planned_checks(backend, case, run[0])[0]) or (name,), run[1]
+            if name not in checks:
+                checks = (name, *checks)
     try:
-        recs = state.supervisor.records(case, _worker_device(backend.device or "cpu"), [backend], (name,), dict.fromkeys(PHASES, 0.0),
-                                        keep_case=same_next)
+        recs = state.supervisor.records(case, _worker_device(backend.device or "cpu"), [backend], checks, dict.fromkeys(PHASES, 0.0),
+                                        keep_case=keep)
     except NotIsolatable:
         return None
+    for other in checks[1:] if checks[0] == name else [c for c in checks if c != name]:
+        theirs = [r for r in recs if r.check == other]
+        if theirs and all(r.outcome == "checked" for r in theirs):
+            state.prepared[(case.id, backend.spec, other)] = theirs
     mine = [r for r in recs if r.check == name]
     if not mine and recs:  # the case could not be built: its record speaks of the forward check, this test is about ``name``
         mine = [replace(recs[0], check=name, repro=repro_command(case.id, backend.spec, name, s.seed, s.mode, timeout_s=s.timeout_s,
@@ -118,12 +165,13 @@ def _in_worker(state: ParitySession, case: Any, backend: LoadedBackend, name: st
     return mine
 
 
-def run_check(state: ParitySession, case: Any, backend: LoadedBackend, name: str) -> list[CheckRecord]:
+def run_check(state: ParitySession, case: Any, backend: LoadedBackend, name: str, item: Optional[pytest.Item] = None) -> list[CheckRecord]:
     """The records of check ``name`` of ``case`` on ``backend`` (skips the test when the backend does
-    not declare what the case needs: no record)."""
+    not declare what the case needs: no record).  ``item``: the running test, whose neighbours in the
+    session tell which checks the worker can compute ahead (``ready_runs``)."""
     if not (plan := planned_checks(backend, case, [name]))[0]:
         pytest.skip(f"{LABEL}: {plan[1]}")  # no record: outside what the backend declares
-    recs = None if state.settings.in_process else _in_worker(state, case, backend, name)
+    recs = None if state.settings.in_process else _in_worker(state, case, backend, name, item)
     return recs if recs is not None else _in_process(state, case, backend, name)
 
 

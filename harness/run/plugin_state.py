@@ -52,6 +52,12 @@ class ParitySession:
     """The worker process the parity tests call their backends in (``harness.run.isolation``), once started."""
     next_case: Any = None
     """The ``parity_case`` of the test after the running one (``None``: another kind of test, or none)."""
+    runs: Optional[dict[str, tuple[tuple[str, ...], bool]]] = None
+    """Test id -> (its check and those of the ready tests after it, in session order, on the same case
+    and backend; whether the test after those is on the same case), built on first use
+    (``plugin_checks.ready_runs``)."""
+    prepared: dict[tuple[str, str, str], list] = field(default_factory=dict)
+    """``(case id, backend spec, check)`` -> the records the worker computed ahead for that check's test."""
 
     def current_bytes(self) -> int:
         """CUDA bytes held by the cached case tensors (0 when none)."""

@@ -26,19 +26,24 @@ Options (group ``parity``; each also from the environment ``PARITY_*``): ``--par
   ``--parity-report DIR`` writes every record to ``DIR/report.json`` and ``DIR/report.html``, also
   under ``pytest -n auto`` (xdist workers send their records to the controller).
 * GPU tests (marked ``gpu`` or ``slow``) lease a GPU for their whole run (``harness.run.gpu_lease``):
-  one GPU test per GPU at a time, however many xdist workers; the others run CPU tests meanwhile.
+  one GPU test per GPU at a time, however many xdist workers, except the parity tests of small cases
+  (``--parity-gpu-share-mib``), which share a GPU; the others run CPU tests meanwhile.
 * One worker per GPU under xdist: on a host with G >= 1 GPUs, ``-n N`` (``-n auto``) with xdist's
-  default ``--dist load`` is scheduled by scopes (``pytest_xdist_make_scheduler``): the parity
+  default ``--dist load`` is scheduled by scopes (``pytest_xdist_make_scheduler``): each small case
+  is a scope of its own (spread over the workers, sharing the GPUs); the larger parity
   cases are split into G groups balanced by bytes (largest case first, as the shards of a sharded
   run), all tests of one case in one group; each group runs on one worker, in order, on its own GPU (the lease prefers it), so a case's
-  tensors are built once and at most G workers hold GPU cases, while the other workers run every
-  other test.  An explicit other ``--dist`` mode is kept (the leases alone then keep one GPU test
-  per GPU).  Each worker caps PyTorch's threads at its share of the CPUs
+  tensors are built once and at most G workers hold the larger GPU cases, while the other workers
+  run the small cases and every other test.  An explicit other ``--dist`` mode is kept (the leases
+  alone then decide who runs on a GPU).  Each worker caps PyTorch's threads at its share of the CPUs
   (``harness.core.processes.share_cpus``): workers with a thread per CPU each spin against each other.
 * Memory: a case's tensors (inputs and reference outputs) are shared by the consecutive tests of
   that case and dropped after the last one (``nextitem`` is another case), so nothing that outlives
   the case's tests holds it: in process at that test's teardown, in the worker at the end of its
-  check.  Each record carries the check's peak CUDA memory.
+  check.  In the worker a ready test's request also computes the checks of the tests right after it
+  on the same case and backend (``plugin_checks.ready_runs``: one round trip per case and backend);
+  their records wait for their tests, except a crash, timeout or out-of-memory, which the check's
+  own test runs again alone.  Each record carries the check's peak CUDA memory.
 * Settings are resolved once (command line > environment ``PARITY_*`` > default) into a frozen
   ``ParitySettings`` in ``config.stash``; the seed is printed in the report header.  Every value is
   checked at session start by the CLI's checks (a bad one is a one-line usage error, exit 4), and so
@@ -239,7 +244,7 @@ def parity_check(parity_case, parity_loaded_backend, parity_record, request: pyt
     from .plugin_checks import run_check  # deferred: as above
 
     def run(name: str):
-        recs = run_check(session(request.config), parity_case, parity_loaded_backend, name)
+        recs = run_check(session(request.config), parity_case, parity_loaded_backend, name, request.node)
         for r in recs:
             parity_record(r)
         return recs[0]

@@ -144,6 +144,18 @@ class ExitsZero(_MisbehavesOnInt4):
         os._exit(0)
 
 
+class ExitsInBackward(_Reference):
+    """Right forward outputs; ``os._exit(0)`` in its INT4 STE backward (the process ends in one check
+    of a case whose other checks are fine)."""
+
+    name = "exits-in-backward"
+
+    def ste_backward(self, weights, amax, grads, fmt, mode, **options):
+        if fmt == "int4":
+            os._exit(0)
+        return super().ste_backward(weights, amax, grads, fmt, mode, **options)
+
+
 class Segfaults(_MisbehavesOnInt4):
     """Reads address 0 (``ctypes.string_at(0)``: SIGSEGV)."""
 

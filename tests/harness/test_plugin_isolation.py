@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,24 @@ def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(tmp_pa
     assert report["complete"] and by[INT4]["outcome"] == "crash" and by[INT8]["verdict"] == "pass", report["records"]
 
 
+def test_a_crash_in_one_check_fails_that_check_only(tmp_path):
+    """A worker computes a test's check and the checks of the tests after it on the same case and
+    backend in one request; a crash there fails only the checks that crash when run on their own:
+    the backend ending its process in its STE backward fails both backward tests, its forward and
+    invariant tests pass."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pytest.ini").write_text("[pytest]\n")
+    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    proc = _pytest(proj, "--parity-suite", "smoke", "--parity-backend", f"{HOSTILE}:ExitsInBackward", "-k", "int4 and N4 and 8x40 and outliers",
+                   "-vv", PYTHONPATH=str(REPO))
+    out = proc.stdout + proc.stderr
+    results = dict(re.findall(r"test_parity\[.*?-(\w+(?:\.\w+)?)\] (PASSED|FAILED|SKIPPED)", out))
+    assert results == {"forward": "PASSED", "backward.pass_through": "FAILED", "backward.clipped": "FAILED", "invariant.layout": "PASSED",
+                       "invariant.grouped": "PASSED", "invariant.recalibrate": "PASSED"}, out[-4000:]
+    assert out.count("failed (crash)") == 2, out[-4000:]
+
+
 def test_worker_and_in_process_parity_tests_give_the_same_records(tmp_path):
     """The worker (default) and ``--parity-in-process`` judge alike: same records, same verdicts and
     counts, every check of a case sharing that case's tensors either way."""
@@ -110,3 +129,22 @@ def test_worker_and_in_process_parity_tests_give_the_same_records(tmp_path):
         report = json.loads((proj / mode / "report.json").read_text())
         reports[mode] = sorted((r["key"], r["verdict"], json.dumps(r.get("counts"), sort_keys=True), r["message"]) for r in report["records"])
     assert reports["worker"] and reports["worker"] == reports["in-process"]
+
+
+def test_ready_runs_group_consecutive_checks_of_one_case_and_backend():
+    """``ready_runs``: a test's check and those of the tests right after it on the same case and
+    backend; whether the test after those is on the same case; other tests break a run."""
+    from types import SimpleNamespace
+
+    from moe_fq_parity.harness.run.plugin_checks import ready_runs
+
+    def item(nodeid, case=None, backend=None, check=None):
+        params = {} if case is None else {"parity_case": SimpleNamespace(id=case), "parity_backend": backend, "check": check}
+        return SimpleNamespace(nodeid=nodeid, callspec=SimpleNamespace(params=params))
+
+    items = [item("a1", "A", "ref", "forward"), item("a2", "A", "ref", "backward"), item("a3", "A", "tri", "forward"),
+             item("a4", "A", "tri", "backward"), item("b1", "B", "tri", "forward"), item("plain"), item("b2", "B", "tri", "backward")]
+    runs = ready_runs(items)
+    assert runs["a1"] == (("forward", "backward"), True) and runs["a2"] == (("backward",), True)
+    assert runs["a3"] == (("forward", "backward"), False) and runs["b1"] == (("forward",), False) and runs["b2"] == (("backward",), False)
+    assert "plain" not in runs
