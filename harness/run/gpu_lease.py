@@ -1,8 +1,12 @@
-"""One GPU test per GPU at a time, across pytest-xdist workers (and concurrent pytest sessions).
+"""One GPU test per GPU at a time, across pytest-xdist workers (and concurrent pytest sessions), or
+several small ones.
 
-A GPU test (marked ``gpu`` or ``slow``) holds an exclusive lease on one GPU from before its fixtures
-are set up until after they are torn down: the lease is an ``flock`` on a per-GPU lock file, keyed by
-the GPU's UUID, in ``PARITY_GPU_LOCK_DIR`` (default ``<tmp>/moe-fq-parity-gpu-locks``).  The test runs
+A GPU test (marked ``gpu`` or ``slow``) holds a lease on one GPU from before its fixtures are set up
+until after they are torn down: the lease is an ``flock`` on a per-GPU lock file, keyed by the GPU's
+UUID, in ``PARITY_GPU_LOCK_DIR`` (default ``<tmp>/moe-fq-parity-gpu-locks``).  It is exclusive, except
+for the parity tests of small cases (``--parity-gpu-share-mib``), which share the GPU with each other:
+their work is a stream of short launches and host synchronisations that one process leaves the GPU
+mostly idle for.  The test runs
 with that GPU as the current CUDA device.  Before the lease is given back the worker tidies its
 memory (``harness.core.memory.tidy``: garbage collected when more than it should hold is still
 allocated, PyTorch's cache emptied when more than 1 GiB of it is unused), so the next holder
@@ -83,8 +87,14 @@ def _open(path: Path) -> int:
         return os.open(path, os.O_RDONLY)
 
 
-def acquire(*, all_devices: bool = False, prefer: int = 0, directory: Optional[Path] = None) -> Lease:
+def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False, directory: Optional[Path] = None) -> Lease:
     """Lease one free GPU (``prefer`` tried first, then the others; waits until one is free), or all.
+
+    ``shared``: a shared lease, held beside other shared leases of the GPU (small parity cases of
+    several xdist workers); an exclusive lease waits until the GPU has no lease of either kind.  A
+    lease is an ``flock`` on the GPU's lock file (``LOCK_SH`` / ``LOCK_EX``), taken through the GPU's
+    gate file: whoever holds the gate is next, and an exclusive lease keeps the gate while it waits
+    for the shared ones to end, so a stream of shared leases never starves it.
 
     Sets the leased GPU (the first one, for ``all_devices``) as the current CUDA device.
     """
@@ -103,14 +113,47 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, directory: Optional[P
         torch.cuda.set_device(0)
         return Lease(range(count), fds, time.monotonic() - start)
     order = [(prefer + k) % count for k in range(count)]
-    while True:
-        for i in order:
-            fd = _open(paths[i])
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            torch.cuda.set_device(i)
-            return Lease([i], [fd], time.monotonic() - start)
-        time.sleep(POLL_S)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    held_gate: Optional[int] = None  # an exclusive lease that found no free GPU keeps its preferred GPU's gate
+    try:
+        while True:
+            for i in order:
+                fd = _take(paths[i], mode, gate_held=held_gate is not None and i == order[0])
+                if fd is not None:
+                    torch.cuda.set_device(i)
+                    return Lease([i], [fd], time.monotonic() - start)
+            if not shared and held_gate is None:
+                held_gate = _open(paths[order[0]].with_suffix(".gate"))
+                try:
+                    fcntl.flock(held_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # another lease is next there: try again next round
+                    os.close(held_gate)
+                    held_gate = None
+            time.sleep(POLL_S)
+    finally:
+        if held_gate is not None:
+            os.close(held_gate)  # closing the descriptor releases the gate
+
+
+def _take(path: Path, mode: int, gate_held: bool) -> Optional[int]:
+    """The lock file ``path`` locked in ``mode`` (its descriptor), taken through its gate (already held
+    by the caller when ``gate_held``), or ``None`` when the gate or the lock is held elsewhere."""
+    gate = None
+    if not gate_held:
+        gate = _open(path.with_suffix(".gate"))
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # someone else is next on this GPU
+            os.close(gate)
+            return None
+    try:
+        fd = _open(path)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+    finally:
+        if gate is not None:
+            os.close(gate)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from moe_fq_parity.cases import marks, suite
+from moe_fq_parity.harness.core.memory import case_bytes
 
 from .plugin_options import ParitySettings, is_parity_test
 from .shard import assign
@@ -69,6 +70,12 @@ def modify_items(config: pytest.Config, items: list[pytest.Item], settings: Pari
         items[:] = keep
 
 
+def shares_gpu(case: Any, share_mib: int) -> bool:
+    """Whether the parity tests of ``case`` hold a shared GPU lease (its input + output bytes at most
+    ``share_mib`` MiB, ``--parity-gpu-share-mib``)."""
+    return share_mib > 0 and case_bytes(case) <= share_mib << 20
+
+
 def gpu_count() -> int:
     """CUDA devices here (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -102,15 +109,20 @@ def case_id_of_nodeid(nodeid: str, ids: Container[str]) -> Optional[str]:
 
 
 def gpu_group_scheduler(config: pytest.Config, log: Any, settings: ParitySettings, gpus: int) -> Any:
-    """A ``loadscope`` xdist scheduler whose scopes are the GPU groups (``gpu_case_groups``: one per
-    GPU, all tests of a case in one) and every other test alone."""
+    """A ``loadscope`` xdist scheduler whose scopes are the GPU groups of the cases that hold a GPU alone
+    (``gpu_case_groups``: one per GPU, all tests of a case in one), one scope per case that shares a
+    GPU (``shares_gpu``: its tests on one worker, the cases spread over the workers), and every other
+    test alone.  xdist hands out the largest scopes (the GPU groups) first."""
     from xdist.scheduler import LoadScopeScheduling  # deferred: pytest-xdist is optional (the test extra)
 
     groups = gpu_case_groups(settings, gpus)
+    shared = {case.id for case, _ in collected_cases(settings) if shares_gpu(case, settings.gpu_share_mib)}
 
     class GpuGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             case = case_id_of_nodeid(nodeid, groups)
-            return nodeid if case is None else f"parity-gpu{groups[case]}"
+            if case is None:
+                return nodeid
+            return f"parity-case-{case}" if case in shared else f"parity-gpu{groups[case]}"
 
     return GpuGroupScheduling(config, log)

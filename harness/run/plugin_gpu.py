@@ -1,6 +1,7 @@
 """The pytest plugin's GPU leases: a test marked ``gpu`` or ``slow`` holds a GPU for its setup, call
 and teardown (``harness.run.gpu_lease``), one such test per GPU at a time however many xdist
-workers; a parity case's tests prefer their case's GPU group.
+workers, except the parity tests of small cases (``--parity-gpu-share-mib``), which share it with
+each other; a parity case's tests prefer their case's GPU group.
 
 Imported by the plugin when a test marked ``gpu`` or ``slow`` is about to run (it imports torch).
 """
@@ -21,7 +22,7 @@ except ImportError:  # pytest internals moved: lease every marked test
 from moe_fq_parity.harness.core.memory import allocated_here
 
 from .gpu_lease import acquire
-from .plugin_collect import gpu_case_groups, gpu_count
+from .plugin_collect import gpu_case_groups, gpu_count, shares_gpu
 from .plugin_state import ParitySession, parity_case_of
 
 
@@ -58,5 +59,7 @@ def lease(state: ParitySession, item: pytest.Item) -> Optional[tuple[Any, int]]:
     ``None`` when the test needs none."""
     if not needs_gpu_lease(item):
         return None
-    held = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=preferred_gpu(state, item))
+    case = parity_case_of(item)
+    shared = case is not None and shares_gpu(case, state.settings.gpu_share_mib)
+    held = acquire(all_devices=bool(item.get_closest_marker("dist")), prefer=preferred_gpu(state, item), shared=shared)
     return held, allocated_here() - state.current_bytes()

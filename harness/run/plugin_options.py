@@ -23,7 +23,7 @@ MARKERS = {
     "dist": "spawns several processes",
 }
 ENV_NAMES = {"report": "REPORT", "seed": "SEED", "suite": "SUITE", "backend": "BACKENDS", "mode": "MODE", "timeout": "TIMEOUT",
-             "nan_bits": "NAN_BITS", "in_process": "IN_PROCESS"}
+             "nan_bits": "NAN_BITS", "in_process": "IN_PROCESS", "gpu_share_mib": "GPU_SHARE_MIB"}
 """Option ``--parity-X`` -> its environment variable ``PARITY_<name>``."""
 FIXTURES = frozenset({"parity_case", "parity_backend", "parity_loaded_backend", "parity_check", "parity_record", "parity_settings"})
 """The plugin's fixtures: a test that uses one of them is a parity test, the only kind of test of
@@ -48,6 +48,10 @@ class ParitySettings:
     in_process: bool = False
     """The parity tests call the backends in the pytest process (``--parity-in-process``), not in a
     supervised worker (``harness.run.isolation``)."""
+    gpu_share_mib: int = 64
+    """Parity cases of at most this many MiB (input + output bytes, ``core.memory.case_bytes``) share a
+    GPU among pytest-xdist workers (``harness.run.gpu_lease``: a shared lease); larger ones, and every
+    other GPU test, hold it alone.  0: every GPU test holds its GPU alone."""
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -65,6 +69,9 @@ def add_options(parser: pytest.Parser) -> None:
     g.addoption("--parity-in-process", action="store_true", default=None,
                 help="call the backends in the pytest process (env PARITY_IN_PROCESS=1); default: in a supervised worker process, "
                      "so a backend that crashes or hangs fails its test and the session goes on")
+    g.addoption("--parity-gpu-share-mib", type=int, default=None, metavar="MIB",
+                help="parity cases of at most MIB MiB (inputs + outputs) share a GPU among xdist workers; larger ones and other GPU "
+                     "tests hold it alone (env PARITY_GPU_SHARE_MIB; default 64; 0: never share)")
 
 
 def usage(opt: str, message: str) -> pytest.UsageError:

@@ -112,7 +112,14 @@ def resolve(config: pytest.Config) -> ParitySettings:
         nan_bits=nan_bits,
         explicit_backends=backends is not None,
         in_process=bool(pick("in_process", False, _flag)),
+        gpu_share_mib=_share_mib(pick("gpu_share_mib", ParitySettings.gpu_share_mib, _number(int, "an integer number of MiB"))),
     )
+
+
+def _share_mib(value: int) -> int:
+    if value < 0:
+        raise usage("gpu_share_mib", f"{value} MiB: give 0 (never share a GPU) or a positive number of MiB")
+    return value
 
 
 def load_hypothesis_profile(config: pytest.Config, settings: ParitySettings) -> None:

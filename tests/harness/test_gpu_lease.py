@@ -101,15 +101,16 @@ def _run_project(tmp_path: Path, *extra: str, tests: str = TESTS, gpus: int = 2,
 
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_one_worker_per_gpu_and_a_case_stays_on_one_worker(tmp_path, gpus):
-    """``-n 3`` on G fake GPUs: the GPU tests run on G workers (one group per GPU, on that GPU), all
-    checks of one case on one worker and GPU, the groups balanced by the cases' bytes."""
+    """``-n 3`` on G fake GPUs, no case sharing a GPU: the GPU tests run on G workers (one group per
+    GPU, on that GPU), all checks of one case on one worker and GPU, the groups balanced by the cases'
+    bytes."""
     from moe_fq_parity.cases import parse_case
     from moe_fq_parity.harness.core.memory import case_bytes
 
     from moe_fq_parity.harness.run.plugin_collect import gpu_case_groups
     from moe_fq_parity.harness.run.plugin_options import ParitySettings
 
-    rows = _run_project(tmp_path, "--parity-suite", "smoke", tests=CASE_TESTS, gpus=gpus, workers=3)
+    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--parity-gpu-share-mib", "0", tests=CASE_TESTS, gpus=gpus, workers=3)
     assert rows and all(r["kind"] == "case" for r in rows)
     settings = ParitySettings(report_dir=None, seed=0, suite="smoke", backends=(), mode="strict", timeout_s=None, hypothesis_profile="ci")
     groups = gpu_case_groups(settings, gpus)
@@ -125,10 +126,35 @@ def test_one_worker_per_gpu_and_a_case_stays_on_one_worker(tmp_path, gpus):
     assert max(weight.values()) - min(weight.values()) <= largest, weight
 
 
+def _overlaps(a: dict, b: dict) -> bool:
+    return a["device"] == b["device"] and a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_small_cases_share_a_gpu_and_large_ones_hold_it_alone(tmp_path):
+    """``-n 4`` on one fake GPU, the nightly's Ultra cases and some small ones: the small cases
+    (``--parity-gpu-share-mib``, default 64) spread over the workers and their tests overlap on the
+    GPU; a large case's test overlaps no other test; every case stays on one worker."""
+    from moe_fq_parity.cases import parse_case
+    from moe_fq_parity.harness.run.plugin_collect import shares_gpu
+
+    rows = _run_project(tmp_path, "--parity-suite", "nightly", "-k", "5120x8192 or (N8 and 65x129 and normal)", tests=CASE_TESTS, gpus=1, workers=4)
+    small = [r for r in rows if shares_gpu(parse_case(r["case"]), 64)]
+    large = [r for r in rows if not shares_gpu(parse_case(r["case"]), 64)]
+    assert small and large
+    by_case: dict[str, set] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], set()).add(r["worker"])
+    assert all(len(v) == 1 for v in by_case.values())
+    assert len({r["worker"] for r in small}) > 1
+    assert any(_overlaps(a, b) for a in small for b in small if a["worker"] != b["worker"])  # the sharing happened
+    assert [(a["nodeid"], b["nodeid"]) for a in large for b in rows if a is not b and _overlaps(a, b)] == []
+
+
 def test_an_explicit_other_dist_mode_is_kept(tmp_path):
     """``--dist worksteal`` is kept (no groups: cases spread over the workers); the leases alone
     still keep one GPU test per GPU."""
-    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--dist", "worksteal", tests=CASE_TESTS, gpus=1, workers=3)
+    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--dist", "worksteal", "--parity-gpu-share-mib", "0", tests=CASE_TESTS, gpus=1,
+                        workers=3)
     assert len({r["worker"] for r in rows}) > 1
     assert _same_device_overlaps([dict(r, kind="gpu", i=k) for k, r in enumerate(rows)]) == []
 

@@ -89,6 +89,8 @@ def test_default_backends_that_cannot_run_still_skip(run_pytest):
     ((), {"PARITY_NAN_BITS": "x"}, "PARITY_NAN_BITS"),
     ((), {"PARITY_SUITE": "nope"}, "PARITY_SUITE"),
     ((), {"PARITY_IN_PROCESS": "maybe"}, "--parity-in-process / PARITY_IN_PROCESS: expected 1 or 0, got 'maybe'"),
+    (("--parity-gpu-share-mib", "-1"), {}, "--parity-gpu-share-mib / PARITY_GPU_SHARE_MIB: -1 MiB: give 0"),
+    ((), {"PARITY_GPU_SHARE_MIB": "lots"}, "--parity-gpu-share-mib / PARITY_GPU_SHARE_MIB: expected an integer number of MiB, got 'lots'"),
 ])
 def test_bad_option_or_environment_value_is_a_one_line_usage_error(run_pytest, args, env, needle):
     """Every setting is checked when the session starts, by the CLI's own checks
