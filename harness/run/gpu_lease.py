@@ -34,7 +34,7 @@ import torch
 from moe_fq_parity.harness.core.memory import tidy
 
 LOCK_DIR_ENV = "PARITY_GPU_LOCK_DIR"
-POLL_S = 0.05
+POLL_S = 0.01
 """How often a worker waiting for a GPU polls the locks, seconds."""
 
 
