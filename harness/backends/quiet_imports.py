@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import warnings
 from contextlib import contextmanager
 from functools import lru_cache
@@ -31,13 +32,23 @@ def quiet_import() -> Iterator[None]:
 
 
 @contextmanager
-def quiet_upstream(package: str, category: type[Warning] = Warning) -> Iterator[None]:
+def quiet_upstream(package: str, category: type[Warning] = Warning, messages: tuple[str, ...] = ()) -> Iterator[None]:
     """Hide, inside the block, the ``category`` warnings that ``package``'s own modules give (say,
     Megatron-Core's checkpoint loader calling a deprecated torch API: one ``FutureWarning`` per rank
-    and load, 162 lines in a run); any other warning shows as before."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=category, module=rf"{package}(\.|$)")
-        yield
+    and load, 162 lines in a run) and the log records below ERROR of ``package``'s loggers;
+    ``messages``: also the warnings of any module whose text starts with one of these (torch's
+    warnings about how ``package`` calls it).  Any other warning or record shows as before."""
+    log = logging.getLogger(package)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=category, module=rf"{package}(\.|$)")
+            for text in messages:
+                warnings.filterwarnings("ignore", message=re.escape(text))
+            yield
+    finally:
+        log.setLevel(level)
 
 
 @lru_cache(maxsize=None)

@@ -65,6 +65,28 @@ def test_an_upstream_call_hides_that_package_s_warnings_only(tmp_path, monkeypat
     assert [str(w.message) for w in seen] == ["ours, inside the block", "load_state_dict is deprecated"]
 
 
+def test_an_upstream_call_holds_back_that_package_s_log_records_and_torch_s_warnings_about_it(caplog):
+    """Megatron-Core 0.19 logs "MCore's async save is deprecated" per rank and makes torch warn about
+    how it calls ``load`` (18 lines each in one save and one load layout of the dist section): inside
+    ``quiet_upstream`` its records below ERROR and the named torch warnings are held back, nothing else."""
+    import logging
+
+    from moe_fq_parity.harness.backends.quiet_imports import quiet_upstream
+
+    upstream, other = logging.getLogger("noisy_upstream_pkg.strategies"), logging.getLogger("someone_else")
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        with quiet_upstream("noisy_upstream_pkg", messages=("The argument order of load has been changed",)):
+            upstream.warning("async save is deprecated")
+            upstream.error("a real error")
+            other.warning("not theirs")
+            warnings.warn("The argument order of load has been changed. Please check the document.", UserWarning)
+            warnings.warn("another torch warning", UserWarning)
+        upstream.warning("after the block")
+    assert [r.getMessage() for r in caplog.records] == ["a real error", "not theirs", "after the block"]
+    assert [str(w.message) for w in seen] == ["another torch warning"]
+
+
 @pytest.mark.skipif(not importable("megatron"), reason="Megatron-Core not installed: nothing warns")
 def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
     """The dist section's Megatron-Core rows (one save and one load layout; each rank is a process that

@@ -204,7 +204,7 @@ class MegatronEngine:
         problems = ctx.agree(problems)
         if problems:
             raise SaveRefusedError(" || ".join(problems))
-        with cpu_shim():
+        with cpu_shim(), quiet_upstream("megatron", FutureWarning, _TORCH_ON_MEGATRON):
             dist_checkpointing.save(self._sharded(specs, ctx), path, validate_access_integrity=False)
 
     def load_into(self, specs: list[ShardSpec], path: str, ctx: RankContext) -> dict[str, torch.Tensor]:
@@ -212,12 +212,18 @@ class MegatronEngine:
             from megatron.core import dist_checkpointing
 
         try:
-            with quiet_upstream("megatron", FutureWarning):  # its loader calls torch's deprecated load_state_dict
+            with quiet_upstream("megatron", FutureWarning, _TORCH_ON_MEGATRON):  # its loader calls torch's deprecated load_state_dict
                 loaded = dist_checkpointing.load(self._sharded(specs, ctx), path)
         except CheckpointException as exc:  # its torch_dist strategy reads through DCP
             raise dcp_failure(exc, path) from None
         return {s.key: loaded[s.key] for s in specs}
 
+
+_TORCH_ON_MEGATRON = ("The argument order of load has been changed",
+                      "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single process")
+"""torch's warnings about how Megatron-Core 0.19 calls it (its common-state load passes arguments by
+position, without a process group): 18 lines each, and 2 log lines of its own ("MCore's async save
+is deprecated"), in one save and one load layout of the section."""
 
 ENGINES: dict[str, Engine] = {"dcp": DcpEngine(), "megatron": MegatronEngine()}
 
