@@ -107,8 +107,13 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False,
     if all_devices:
         fds = []
         for p in paths:
-            fd = _open(p)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            gate = _open(p.with_suffix(".gate"))
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX)  # held while waiting: no new shared lease starts on this GPU
+                fd = _open(p)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            finally:
+                os.close(gate)
             fds.append(fd)
         torch.cuda.set_device(0)
         return Lease(range(count), fds, time.monotonic() - start)

@@ -238,3 +238,37 @@ def test_gpu_groups_balance_the_case_count_too():
         for cid, g in groups.items():
             weight[g] += case_bytes(parse_case(cid))
         assert max(weight.values()) - min(weight.values()) <= max(case_bytes(parse_case(c)) for c in groups), weight
+
+
+@pytest.mark.parametrize("all_devices", [False, True])
+def test_shared_leases_run_together_and_an_exclusive_one_is_not_starved(monkeypatch, tmp_path, all_devices):
+    """One fake GPU: two shared leases hold it at once; an exclusive lease (one GPU, or all of them)
+    waits for both, and a shared lease asked for while it waits comes after it, not before."""
+    monkeypatch.setattr(gpu_lease.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu_lease.torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"fake-{i}"))
+    monkeypatch.setattr(gpu_lease.torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setenv(gpu_lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    first, second = gpu_lease.acquire(shared=True), gpu_lease.acquire(shared=True)
+    order: list[str] = []
+    got: dict[str, gpu_lease.Lease] = {}
+
+    def take(name: str, **kw) -> None:
+        got[name] = gpu_lease.acquire(**kw)
+        order.append(name)
+
+    exclusive = threading.Thread(target=take, args=("exclusive",), kwargs={"all_devices": all_devices})
+    exclusive.start()
+    time.sleep(0.3)
+    late = threading.Thread(target=take, args=("late shared",), kwargs={"shared": True})
+    late.start()
+    time.sleep(0.3)
+    assert order == []  # the exclusive lease waits for the two shared ones, the late one waits behind it
+    first.release()
+    second.release()
+    exclusive.join(timeout=10)
+    time.sleep(0.2)
+    assert order == ["exclusive"]
+    got["exclusive"].release()
+    late.join(timeout=10)
+    assert order == ["exclusive", "late shared"]
+    got["late shared"].release()
