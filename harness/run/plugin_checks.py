@@ -154,7 +154,7 @@ def _in_worker(state: ParitySession, case: Any, backend: LoadedBackend, name: st
                                         keep_case=keep)
     except NotIsolatable:
         return None
-    for other in checks[1:] if checks[0] == name else [c for c in checks if c != name]:
+    for other in (c for c in checks if c != name):
         theirs = [r for r in recs if r.check == other]
         if theirs and all(r.outcome == "checked" for r in theirs):
             state.prepared[(case.id, backend.spec, other)] = theirs
