@@ -2,7 +2,9 @@
 
 In one run: device copy bandwidth; then per case (N experts of one Nemotron-3 routed-expert shape,
 bf16, list layout, N in {4, 8, 16, 32, 64, 128}, plus the Ultra production case N=32 x [5120, 8192])
-for every format and the clipped backward:
+for every format the kernel implements (its default variant; also with ``tile_2d`` and
+``fp32_scale`` where a format takes them: ``benchmarks.cases.FORMATS``, keys as case ids write
+them, e.g. ``fp8_block+2d``; the block-scaled formats take no amax) and the clipped backward:
 
 * ``kernel``: the kernel alone through a prepared table and preallocated outputs
   (``triton.testing.do_bench_cudagraph`` median, cycling over enough input copies to exceed 4x the
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-counts", default=",".join(map(str, EXPERT_COUNTS)), help="expert counts of the host distribution")
     ap.add_argument("--max-cases", type=int, default=0, help="stop after this many cases (0: all; the acceptance cases come first)")
     ap.add_argument("--host-reps", type=int, default=30, help="calls per host-time median in the case table")
-    ap.add_argument("--profile", action="store_true", help="L2-resident ceilings and compiled-kernel facts per format")
+    ap.add_argument("--profile", action="store_true", help="L2-resident ceilings and compiled-kernel facts per format column")
     ap.add_argument("--eager-max-gb", type=float, default=1.2, help="skip the eager baselines above this many bytes moved")
     ap.add_argument("--eager-formats", default="fp8_e4m3", help="comma-separated formats timed through the eager loop")
     args = ap.parse_args(argv)

@@ -3,10 +3,14 @@ the cases, the formats timed through the eager loop, and the seeded expert weigh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
 import torch
 
 from moe_fq_parity.cases.shapes import N_VALUES, NEMOTRON, ULTRA_PRODUCTION, WIDE_ACCEPTANCE
-from moe_fq_parity.kernels.formats import AMAX_FORMATS as FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import AMAX_FORMATS, DEFAULT_VARIANTS, FORMATS as KERNEL_FORMATS, parse_spec
+from moe_fq_parity.reference.formats import format_spec
 
 SHAPES: dict[str, tuple[int, int]] = {f"{model}_fc1": NEMOTRON[model]["fc1"] for model in ("nano", "super", "ultra")}
 """The timed routed-expert shapes (fc1 of Nemotron 3 Nano / Super / Ultra)."""
@@ -20,11 +24,52 @@ FIRST = (("ultra_prod", 32), ("wide_1024x2048", 128), ("super_fc1", 64), ("nano_
 acceptance cases N=128 x [1024, 2048], N=64 x Super fc1, N=8 x Nano fc1."""
 
 
+BENCH_OPTIONS = ("tile_2d", "fp32_scale")
+"""Options that select kernel code of their own (square 2D tiles, fp32 tile scales): each format
+that takes one is also timed with it set."""
+
+
+@dataclass(frozen=True)
+class BenchFormat:
+    """One timed column: a kernel format (its default variant) with ``options``; ``key`` as a case id
+    writes it (``fp8_block+2d``)."""
+
+    key: str
+    fmt: str
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def takes_amax(self) -> bool:
+        return self.fmt in AMAX_FORMATS
+
+    def amax(self, amax: torch.Tensor) -> Optional[torch.Tensor]:
+        """What the public call and the reference take: ``amax``, or ``None`` where the scales come from the data."""
+        return amax if self.takes_amax else None
+
+
+def bench_formats() -> tuple[BenchFormat, ...]:
+    """Every kernel format with its default options, then with each of ``BENCH_OPTIONS`` it takes."""
+    out = []
+    for fmt in KERNEL_FORMATS:
+        out.append(BenchFormat(fmt, fmt))
+        spec = format_spec(fmt)
+        for name in BENCH_OPTIONS:
+            opt = spec.option(name)
+            if opt is not None and (opt.variants is None or DEFAULT_VARIANTS[fmt] in opt.variants):
+                out.append(BenchFormat(f"{fmt}+{opt.code}", fmt, {name: True}))
+    return tuple(out)
+
+
+FORMATS: tuple[BenchFormat, ...] = bench_formats()
+"""The timed columns, amax formats first."""
+BY_KEY: dict[str, BenchFormat] = {b.key: b for b in FORMATS}
+
+
 def _first_per_code() -> tuple[str, ...]:
-    """One format per kernel code (INT, FP8, NVFP4; the first listed): the eager baselines and the
-    sweep's tile kinds (INT4 runs INT8's code path)."""
+    """One amax format per kernel code (INT, FP8, NVFP4; the first listed): the eager baselines and
+    the sweep's tile kinds (INT4 runs INT8's code path)."""
     first: dict[int, str] = {}
-    for f in FORMATS:
+    for f in AMAX_FORMATS:
         first.setdefault(parse_spec(f, None, {}).code, f)
     return tuple(first.values())
 
@@ -33,9 +78,10 @@ EAGER_FORMATS = _first_per_code()
 
 
 def kind_of(fmt: str) -> str:
-    """The ``EAGER_FORMATS`` entry sharing ``fmt``'s kernel code (the key of the tuned configs)."""
+    """The ``EAGER_FORMATS`` entry sharing ``fmt``'s kernel code (the key of the tuned configs), or
+    ``fmt`` itself for a code no amax format has (no tuned configs)."""
     code = parse_spec(fmt, None, {}).code
-    return next(f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code)
+    return next((f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code), fmt)
 
 
 def case_list(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:

@@ -20,9 +20,9 @@ from moe_fq_parity import reference
 from moe_fq_parity.harness.core.timing import copy_us_at, host_samples_us, time_call
 from moe_fq_parity.kernels import api, checks, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
-from moe_fq_parity.kernels.formats import FMT_NVFP4, AMAX_FORMATS as FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
 
-from .cases import kind_of, make_experts
+from .cases import FORMATS, BenchFormat, kind_of, make_experts
 
 L2_MULTIPLE = 4
 """The kernel-alone timing cycles over enough input copies to exceed this many L2 caches."""
@@ -31,7 +31,7 @@ L2_MULTIPLE = 4
 @dataclass
 class CaseResult:
     """One case's numbers (ms, GB/s, % of copy bandwidth, us; ``None`` = not measured); keys are
-    the formats and ``bwd_clipped``."""
+    the ``BenchFormat`` keys and ``bwd_clipped``."""
 
     case: str
     n: int
@@ -80,11 +80,14 @@ class KernelRunner:
         self.tables = [tables.expert_table(ws) for ws, _ in sets]
         self.outs = [tables.alloc_outputs(t, torch.bfloat16, ws[0].device) for t, (ws, _) in zip(self.tables, sets)]
 
-    def fwd(self, fmt: str, config=None) -> list[Callable[[], None]]:
-        spec = parse_spec(fmt, None, {})
+    def fwd(self, bf: BenchFormat, config=None) -> list[Callable[[], None]]:
+        spec = parse_spec(bf.fmt, None, bf.options)
         fns = []
         for (ws, amax), table, (flat, _) in zip(self.sets, self.tables, self.outs):
-            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
+            if bf.takes_amax:
+                view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
+            else:
+                view = api.expert_amax(spec, None, table)
             fns.append(lambda t=table, w=ws, f=flat, v=view: launch.fwd_list(t, w, f, v, spec, check=False, config=config))
         return fns
 
@@ -98,9 +101,11 @@ class KernelRunner:
         return fns
 
 
-def _matches_reference(fmt: str, ws: list[torch.Tensor], amax: torch.Tensor, outs: list[torch.Tensor]) -> bool:
+def matches_reference(bf: BenchFormat, ws: list[torch.Tensor], amax: torch.Tensor, outs: list[torch.Tensor]) -> bool:
+    """The first and last experts' outputs equal the reference's bit for bit."""
     idx = sorted({0, len(ws) - 1})
-    want = reference.fake_quant_experts([ws[i] for i in idx], amax[idx], fmt)
+    a = bf.amax(amax)
+    want = reference.fake_quant_experts([ws[i] for i in idx], None if a is None else a[idx], bf.fmt, **bf.options)
     return all(torch.equal(outs[i].view(torch.int16), w.view(torch.int16)) for i, w in zip(idx, want))
 
 
@@ -145,22 +150,24 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
     ws, amax = sets[0]
     configs = configs or {}
     grads = [torch.randn_like(w) for w in ws]
-    for fmt in FORMATS:
-        cfg = configs.get(kind_of(fmt))
-        runner.fwd(fmt, cfg)[0]()
-        res.correct[fmt] = _matches_reference(fmt, ws, amax, runner.outs[0][1])
+    for bf in FORMATS:
+        fmt = bf.key
+        cfg = configs.get(kind_of(bf.fmt))
+        runner.fwd(bf, cfg)[0]()
+        res.correct[fmt] = matches_reference(bf, ws, amax, runner.outs[0][1])
         if not res.correct[fmt]:
             continue
-        res.kernel_ms[fmt] = ms = graph_ms(runner.fwd(fmt, cfg))
+        res.kernel_ms[fmt] = ms = graph_ms(runner.fwd(bf, cfg))
         res.gbps[fmt] = res.bytes_fwd / ms / 1e6
         res.pct_copy[fmt] = pct(res.bytes_fwd, ms, copy_gbps)
         if configs:
             continue  # the public call uses the defaults of kernels/launch.py
-        res.public_ms[fmt] = api_ms(lambda f=fmt: api.fake_quant_experts(ws, amax, f))
-        res.unchecked_ms[fmt] = api_ms(lambda f=fmt: api.fake_quant_experts(ws, amax, f, check_values=False))
+        call = lambda b=bf, **kw: api.fake_quant_experts(ws, b.amax(amax), b.fmt, **b.options, **kw)  # noqa: E731
+        res.public_ms[fmt] = api_ms(call)
+        res.unchecked_ms[fmt] = api_ms(lambda c=call: c(check_values=False))
         res.pct_public[fmt] = pct(res.bytes_fwd, res.public_ms[fmt], copy_gbps)
         res.pct_unchecked[fmt] = pct(res.bytes_fwd, res.unchecked_ms[fmt], copy_gbps)
-        res.host_us[fmt] = statistics.median_high(host_samples_us(lambda f=fmt: api.fake_quant_experts(ws, amax, f), args.host_reps))
+        res.host_us[fmt] = statistics.median_high(host_samples_us(call, args.host_reps))
     checks.raise_pending_errors()  # the benchmark's inputs are valid: nothing may be pending
     bwd_fns = runner.bwd(grads, configs.get("bwd_clipped"))
     res.correct["bwd_clipped"] = _bwd_matches(ws, amax, grads)

@@ -7,13 +7,13 @@ from dataclasses import asdict
 
 import torch
 
-from moe_fq_parity.kernels import launch, tables
+from moe_fq_parity.kernels import api, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
-from moe_fq_parity.kernels.formats import FMT_FP8, AMAX_FORMATS as FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import FMT_FP8, FMT_NVFP4, parse_spec
 from moe_fq_parity.kernels.geometry import grid_for
 from moe_fq_parity.kernels.launch import BWD_CONFIG, FWD_CONFIG, KernelConfig, tile_for
 
-from .cases import EAGER_FORMATS, PRODUCTION, make_experts
+from .cases import EAGER_FORMATS, FORMATS, PRODUCTION, make_experts
 from .measure import KernelRunner, graph_ms, pct
 
 
@@ -86,11 +86,14 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     table.meta[1].zero_()  # every expert writes the same buffer
     flat = torch.empty(shape[0] * shape[1], dtype=torch.bfloat16, device="cuda")
     nominal = 4 * n * shape[0] * shape[1]
-    for fmt in FORMATS:
-        spec = parse_spec(fmt, None, {})
-        view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=fmt == "nvfp4")
+    for bf in FORMATS:
+        spec = parse_spec(bf.fmt, None, bf.options)
+        if bf.takes_amax:
+            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
+        else:
+            view = api.expert_amax(spec, None, table)
         ms = graph_ms([lambda s=spec, v=view: launch.fwd_list(table, ws, flat, v, s, check=False)])
-        out[fmt] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
+        out[bf.key] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
     tile = tile_for(table.shapes, FWD_CONFIG[parse_spec("fp8_e4m3", None, {}).code], w.device)
     grid = grid_for(table.shapes, tile)
     xi, fi = w.view(torch.int16), flat.view(torch.int16)
@@ -99,8 +102,9 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     out["triton_copy"] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
     _, n, shape = PRODUCTION
     prod = KernelRunner([make_experts(n, shape, seed=0)])
-    for fmt in FORMATS:
-        k = prod.fwd(fmt)[0]()
+    for bf in FORMATS:
+        fmt = bf.key
+        k = prod.fwd(bf)[0]()
         torch.cuda.synchronize()
         try:
             ptx = k.asm.get("ptx", "")

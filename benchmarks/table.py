@@ -3,14 +3,13 @@ as % of copy bandwidth, the same-size copy, host us and the speedup over the eag
 
 from __future__ import annotations
 
-from moe_fq_parity.kernels.formats import AMAX_FORMATS as FORMATS
-
+from .cases import FORMATS
 from .measure import CaseResult
 
 
-KEYS = (*FORMATS, "bwd_clipped")
-TABLE_HEAD = (f"{'case':20s} {'MB':>6s} " + " ".join(f"{k[:9]:>17s}" for k in KEYS) + f" {'same-size copy':>14s}"
-              + f"  {'host us (' + '/'.join(k[:4] for k in KEYS) + ')':>34s}  {'x loop (fp8/bwd)':>16s}")  # fmt: skip
+KEYS = (*(b.key for b in FORMATS), "bwd_clipped")
+TABLE_HEAD = (f"{'case':20s} {'MB':>6s} " + " ".join(f"{k[:15]:>15s}" for k in KEYS) + f" {'same-size copy':>14s}"
+              + f"  {'host us (' + '/'.join(KEYS) + ')'}  {'x loop (fp8/bwd)':>16s}")  # fmt: skip
 TABLE_NOTE = ("per format: kernel / public default / public unchecked, % of copy bandwidth; same-size copy: a copy of the "
               "forward / backward bytes timed as the public call, % of copy")  # fmt: skip
 
@@ -23,7 +22,7 @@ def table_row(r: CaseResult) -> str:
     host = "/".join(f"{r.host_us[k]:.0f}" if k in r.host_us else "-" for k in KEYS)
     sp = "/".join(f"{r.speedup_vs_loop[k]:.0f}" if k in r.speedup_vs_loop else "-" for k in ("fp8_e4m3", "bwd_clipped"))
     same = "/".join(f"{r.pct_copy_same[k]:.0f}" if k in r.pct_copy_same else "-" for k in ("fwd", "bwd"))
-    return f"{r.case:20s} {r.bytes_fwd / 1e6:6.0f} " + " ".join(f"{cell(k):>17s}" for k in KEYS) + f" {same:>14s}  {host:>34s}  {sp:>16s}"
+    return f"{r.case:20s} {r.bytes_fwd / 1e6:6.0f} " + " ".join(f"{cell(k):>15s}" for k in KEYS) + f" {same:>14s}  {host}  {sp:>16s}"
 
 
 def print_table(results: list[CaseResult], copy_gbps: float) -> None:
