@@ -13,9 +13,9 @@ allocated, PyTorch's cache emptied when more than 1 GiB of it is unused), so the
 (another process) finds the memory free.  A test
 marked both ``dist`` and ``gpu`` (several GPUs, e.g. NCCL ranks) leases every GPU, in index order.
 
-So with ``pytest -n G`` on G GPUs each GPU serves one test at a time and G GPU tests run at once;
-with more workers than GPUs (``-n auto``), the extra workers run the other (CPU or small) tests and
-wait for a free GPU when they reach a GPU test.  Locks held by a process that dies are released by
+So with ``pytest -n G`` on G GPUs each GPU serves one exclusive test at a time and G GPU tests run at
+once; with more workers than GPUs (``-n auto``), the extra workers run the other tests and the
+small parity cases beside each other, and wait for a free GPU when they reach an exclusive GPU test.  Locks held by a process that dies are released by
 the kernel.  Tests that are not marked run where they land, as in a serial run.
 """
 

@@ -107,18 +107,4 @@ def dist_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="session")
 def gloo_run(tmp_path_factory: pytest.TempPathFactory, dist_seed: int) -> DistRun:
     """The shared CPU run (see the module docstring)."""
-    root = tmp_path_factory.getbasetemp()
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if uid:
-        root = root.parent
-    name = f"dist-run-{uid or 'local'}-s{dist_seed}"
-    result = root / f"{name}.json"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if result.exists():
-            return DistRun.from_json(json.loads(result.read_text()))
-        run = _compute(dist_seed, root / f"{name}-work")
-        tmp = result.with_suffix(".tmp")
-        tmp.write_text(json.dumps(run.to_json()))
-        os.replace(tmp, result)
-        return run
+    return _shared_run(tmp_path_factory, f"dist-run-s{dist_seed}", lambda workdir: _compute(dist_seed, workdir))
