@@ -98,6 +98,12 @@ class NotApplicable:
         self.records[backend][reason] += checks
         self.cases[backend][reason] += 1
 
+    def merge(self, other: "NotApplicable") -> None:
+        """Add ``other``'s counts to these."""
+        for b, rs in other.records.items():
+            self.records[b].update(rs)
+            self.cases[b].update(other.cases[b])
+
     def to_json(self) -> dict[str, dict[str, Any]]:
         return {b: {"records": sum(rs.values()), "cases": sum(self.cases[b].values()),
                     "reasons": [{"reason": why, "records": n, "cases": self.cases[b][why]} for why, n in rs.most_common()]}

@@ -38,3 +38,14 @@ DIST_RUN_TIMEOUT_S = 180.0
 DIST_PG_TIMEOUT_S = 45.0
 """The process group's collective timeout inside a distributed layout run (a rank that waits longer
 for its peers fails instead of hanging)."""
+
+# --- Sharing one GPU among harness processes --------------------------------------------------------
+
+GPU_SHARE_MIB = 64
+"""Cases whose inputs + outputs (``core.memory.case_bytes``) are at most this many MiB share a GPU
+(``harness.run.gpu_lease``): the pytest plugin's ``--parity-gpu-share-mib`` and the case workers of
+``moe-fq-parity run --workers``.  Larger cases, and every timing, hold the GPU alone."""
+
+RUN_WORKERS_MAX = 4
+"""``run --workers auto`` on a CUDA device: this many case workers at most, one per 4 host CPUs
+(docs/measured.md section 12b); on a CPU device one."""

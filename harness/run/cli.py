@@ -36,7 +36,8 @@ from moe_fq_parity.harness.backends import BUILTINS, NAMES, BackendLoadError, lo
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS
 from moe_fq_parity.harness.core.processes import sharing_cpus
 from moe_fq_parity.harness.core.records import CHECKS
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, SLOWDOWN_THRESHOLD, VERDICT_MODES
+from moe_fq_parity.harness.core.tolerances import (CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, RUN_WORKERS_MAX, SLOWDOWN_THRESHOLD,
+                                                     VERDICT_MODES)
 from moe_fq_parity.harness.core.triton_env import prepare
 from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
 from moe_fq_parity.harness.sections.selftest.runner import run_selftest
@@ -66,6 +67,19 @@ def _finite_nonnegative(what: str, hint: str) -> Callable[[str], float]:
 
 
 _seconds = _finite_nonnegative("seconds", "0: no limit")
+
+
+def _workers(text: str) -> Optional[int]:
+    """``--workers``: ``auto`` (``None``) or a count >= 1."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'auto', got {text!r}")
+    return value
 _fraction = _finite_nonnegative("a finite fraction", "0.1 = 10%")
 
 
@@ -101,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--in-process", action="store_true",
                    help="run the cases in this process (debugging); default: a supervised worker process that a crashing or hanging backend cannot take down")
+    r.add_argument("--workers", type=_workers, default=None, metavar="K",
+                   help="case worker processes (default auto: on a CUDA device one per 4 CPUs, at most "
+                        f"{RUN_WORKERS_MAX}, small cases sharing the GPU, large cases and timings holding it alone; else 1)")
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
     r.add_argument("--share-cpus", type=int, default=None, metavar="K",
@@ -219,7 +236,7 @@ def _cmd_run(args) -> int:
         sections=sections,
         baseline=baseline, baseline_path=str(args.baseline or ""), baseline_subset=args.baseline_subset, progress=not args.no_progress,
         explicit_backends=bool(specs), argv=tuple(sys.argv), shard=shard, selection=selection if shard is not None else (),
-        nan_bits=args.nan_bits, isolate=not args.in_process,
+        nan_bits=args.nan_bits, isolate=not args.in_process, workers=args.workers,
     )
     try:
         with sharing_cpus(share):

@@ -29,13 +29,42 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from typing import Any
+
 import torch
 
-from moe_fq_parity.harness.core.memory import tidy
+from moe_fq_parity.harness.core.memory import allocated_here, case_bytes, tidy
+from moe_fq_parity.harness.core.tolerances import GPU_SHARE_MIB
 
 LOCK_DIR_ENV = "PARITY_GPU_LOCK_DIR"
+HELD_ENV = "PARITY_GPU_LEASE_HELD"
+"""Set (to ``1``) in the environment while this process holds a lease, so that a process it starts
+knows its GPU is already leased on its behalf (``held_here``)."""
 POLL_S = 0.01
 """How often a worker waiting for a GPU polls the locks, seconds."""
+
+_held = [0]
+"""Leases this process holds now."""
+
+
+def shares_gpu(case: Any, share_mib: int = GPU_SHARE_MIB) -> bool:
+    """Whether ``case`` may hold a shared GPU lease: its input + output bytes at most ``share_mib``
+    MiB (0: no case shares)."""
+    return share_mib > 0 and case_bytes(case) <= share_mib << 20
+
+
+def held_here() -> bool:
+    """Whether this process, or the process that started it, holds a GPU lease now (a lease taken
+    here again would wait for itself)."""
+    return _held[0] > 0 or os.environ.get(HELD_ENV) == "1"
+
+
+def _count(delta: int) -> None:
+    _held[0] += delta
+    if _held[0] > 0:
+        os.environ[HELD_ENV] = "1"
+    else:
+        os.environ.pop(HELD_ENV, None)
 
 
 def lock_dir() -> Path:
@@ -60,6 +89,7 @@ class Lease:
         self.devices = tuple(devices)
         self._fds = list(fds)
         self.waited_s = waited_s
+        _count(1)
 
     def release(self, keep_bytes: Optional[int] = None) -> None:
         """Tidy this process's GPU memory (``harness.core.memory.tidy``: ``keep_bytes`` is what it may
@@ -77,6 +107,7 @@ class Lease:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             self._fds = []
+            _count(-1)
 
 
 def _open(path: Path) -> int:
@@ -87,8 +118,10 @@ def _open(path: Path) -> int:
         return os.open(path, os.O_RDONLY)
 
 
-def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False, directory: Optional[Path] = None) -> Lease:
-    """Lease one free GPU (``prefer`` tried first, then the others; waits until one is free), or all.
+def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False, only: bool = False,
+            directory: Optional[Path] = None) -> Lease:
+    """Lease one free GPU (``prefer`` tried first, then the others; waits until one is free), or all;
+    ``only``: GPU ``prefer`` and no other.
 
     ``shared``: a shared lease, held beside other shared leases of the GPU (small parity cases of
     several xdist workers); an exclusive lease waits until the GPU has no lease of either kind.  A
@@ -117,7 +150,7 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False,
             fds.append(fd)
         torch.cuda.set_device(0)
         return Lease(range(count), fds, time.monotonic() - start)
-    order = [(prefer + k) % count for k in range(count)]
+    order = [prefer] if only else [(prefer + k) % count for k in range(count)]
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     held_gate: Optional[int] = None  # an exclusive lease that found no free GPU keeps its preferred GPU's gate
     try:
@@ -162,3 +195,46 @@ def _take(path: Path, mode: int, gate_held: bool) -> Optional[int]:
     finally:
         if gate is not None:
             os.close(gate)
+
+
+class CaseTurns:
+    """The leases of one case worker of a run with several workers on one GPU (``run --workers``).
+
+    A case whose bytes are above ``share_mib`` (``shares_gpu``) holds the GPU alone from its inputs
+    to its last check; a smaller one shares it with the other workers' small cases, except for a
+    check chunk that times the backend (``perf``), which holds it alone: a timing never overlaps
+    another process's work.  A case's tensors stay allocated while its lease changes kind (they are
+    small: at most ``share_mib``)."""
+
+    def __init__(self, index: int, share_mib: int) -> None:
+        self.index, self.share_mib = index, share_mib
+        self._lease: Optional[Lease] = None
+        self._shared = self.small = False
+        self.waited_s = 0.0
+        """Seconds spent waiting for leases so far."""
+
+    def start(self, case: Any) -> None:
+        """Before ``case``'s inputs are built: its lease (shared when it is small)."""
+        self.small = shares_gpu(case, self.share_mib)
+        self._hold(shared=self.small)
+
+    def chunk(self, checks: Sequence[str]) -> None:
+        """Before a check chunk: a small case switches to an exclusive lease to time, back to a shared one after."""
+        if self.small:
+            self._hold(shared="perf" not in checks)
+
+    def end(self) -> None:
+        """After the case (its tensors dropped): give the lease back (``tidy`` first)."""
+        if self._lease is not None:
+            lease, self._lease = self._lease, None
+            lease.release(0)
+
+    def _hold(self, shared: bool) -> None:
+        if self._lease is not None:
+            if self._shared == shared:
+                return
+            lease, self._lease = self._lease, None
+            lease.release(allocated_here())
+        self._lease = acquire(prefer=self.index, only=True, shared=shared)
+        self._shared = shared
+        self.waited_s += self._lease.waited_s

@@ -45,6 +45,7 @@ from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.timing import CopyCurve
 
 from .chunks import PHASES, HeldCase, case_chunks, check_chunks, in_check_order
+from .gpu_lease import CaseTurns
 
 KILL_GRACE_S = 3.0
 """A backend call still running this long after its timeout gets its worker killed (the in-process
@@ -62,6 +63,10 @@ class WorkerSettings:
     timeout_s: Optional[float]
     nan_bits: str
     threads: int
+    gpu_share_mib: Optional[int] = None
+    """``None``: the worker takes no GPU lease (the run's only worker, or a pytest worker whose test
+    holds one); else it is one of a run's case workers on one CUDA device and leases it per case
+    (``gpu_lease.CaseTurns``: cases up to this many MiB share it)."""
 
 
 def isolatable(backends: Sequence[LoadedBackend]) -> Optional[str]:
@@ -270,6 +275,7 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
         return
     watch_calls(lambda started: conn.send(("call", started)))
     held = HeldCase()
+    turns: Optional[CaseTurns] = None
     conn.send(("ready", sorted(FORMATS)))
     while True:
         try:
@@ -281,19 +287,30 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
         case, device, group_specs, checks, keep = job
         phases = dict.fromkeys(PHASES, 0.0)
         cuda = torch.device(device).type == "cuda"
+        if cuda and settings.gpu_share_mib is not None and turns is None:
+            index = torch.device(device).index
+            turns = CaseTurns(torch.cuda.current_device() if index is None else index, settings.gpu_share_mib)
 
         def begin(b: LoadedBackend, chunk: tuple[str, ...]) -> None:
+            if turns is not None and cuda:
+                turns.chunk(chunk)
             conn.send(("begin", (b.spec, chunk)))
 
-        for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep):
-            lost = _cuda_lost() if cuda else None
-            if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
-                recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")
-                        for r in recs]
-            conn.send(("records", [r.to_json() for r in recs]))
-            if lost is not None:
-                conn.send(("lost", lost))
-                return
+        if turns is not None and cuda:
+            turns.start(case)
+        try:
+            for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep):
+                lost = _cuda_lost() if cuda else None
+                if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
+                    recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")
+                            for r in recs]
+                conn.send(("records", [r.to_json() for r in recs]))
+                if lost is not None:
+                    conn.send(("lost", lost))
+                    return
+        finally:
+            if turns is not None and cuda:
+                turns.end()
         conn.send(("done", {k: v for k, v in phases.items() if k in PHASES}))
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from moe_fq_parity.cases import marks, suite
-from moe_fq_parity.harness.core.memory import case_bytes
 
+from .gpu_lease import shares_gpu
 from .plugin_options import ParitySettings, is_parity_test
 from .shard import assign
 
@@ -68,12 +68,6 @@ def modify_items(config: pytest.Config, items: list[pytest.Item], settings: Pari
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-def shares_gpu(case: Any, share_mib: int) -> bool:
-    """Whether the parity tests of ``case`` hold a shared GPU lease (its input + output bytes at most
-    ``share_mib`` MiB, ``--parity-gpu-share-mib``)."""
-    return share_mib > 0 and case_bytes(case) <= share_mib << 20
 
 
 def gpu_count() -> int:

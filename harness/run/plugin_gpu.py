@@ -22,7 +22,8 @@ except ImportError:  # pytest internals moved: lease every marked test
 from moe_fq_parity.harness.core.memory import allocated_here
 
 from .gpu_lease import acquire
-from .plugin_collect import gpu_case_groups, gpu_count, shares_gpu
+from .gpu_lease import shares_gpu
+from .plugin_collect import gpu_case_groups, gpu_count
 from .plugin_state import ParitySession, parity_case_of
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import pytest
 
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, VERDICT_MODES
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, GPU_SHARE_MIB, NAN_BITS_MODES, VERDICT_MODES
 
 ENV_PREFIX = "PARITY_"
 MARKERS = {
@@ -48,7 +48,7 @@ class ParitySettings:
     in_process: bool = False
     """The parity tests call the backends in the pytest process (``--parity-in-process``), not in a
     supervised worker (``harness.run.isolation``)."""
-    gpu_share_mib: int = 64
+    gpu_share_mib: int = GPU_SHARE_MIB
     """Parity cases of at most this many MiB (input + output bytes, ``core.memory.case_bytes``) share a
     GPU among pytest-xdist workers (``harness.run.gpu_lease``: a shared lease); larger ones, and every
     other GPU test, hold it alone.  0: every GPU test holds its GPU alone."""
@@ -71,7 +71,7 @@ def add_options(parser: pytest.Parser) -> None:
                      "so a backend that crashes or hangs fails its test and the session goes on")
     g.addoption("--parity-gpu-share-mib", type=int, default=None, metavar="MIB",
                 help="parity cases of at most MIB MiB (inputs + outputs) share a GPU among xdist workers; larger ones and other GPU "
-                     "tests hold it alone (env PARITY_GPU_SHARE_MIB; default 64; 0: never share)")
+                     f"tests hold it alone (env PARITY_GPU_SHARE_MIB; default {GPU_SHARE_MIB}; 0: never share)")
 
 
 def usage(opt: str, message: str) -> pytest.UsageError:

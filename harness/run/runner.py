@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from queue import Queue
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from tqdm import tqdm
@@ -27,11 +30,12 @@ from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, VERDICT_MODES
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, GPU_SHARE_MIB, NAN_BITS_MODES, RUN_WORKERS_MAX, VERDICT_MODES
 
 from .chunks import PHASES, case_chunks, check_chunks, in_check_order  # noqa: F401 - PHASES, check_chunks: part of the runner's API
 from .diff import diff_reports, format_diff
-from .isolation import NotIsolatable, WorkerSettings, done_with, isolatable, supervisor as get_supervisor
+from .gpu_lease import held_here
+from .isolation import NotIsolatable, Supervisor, WorkerSettings, done_with, isolatable, supervisor as get_supervisor
 from .shard import Shard, sections_of_shard, shard_meta
 from moe_fq_parity.harness.sections.processes import start_sections
 
@@ -138,9 +142,16 @@ class RunConfig:
     """Run the cases in a supervised worker process (``harness.run.isolation``): a backend that exits,
     crashes or hangs gives ``crash``/``timeout`` records and the run goes on; ``False`` (``run
     --in-process``): in this process, for debugging."""
+    workers: Optional[int] = 1
+    """Case workers (``run --workers``; ``None``: ``auto_workers``): with more than one (isolated runs only), that many worker
+    processes take the cases in turn; on a CUDA device they lease it per case
+    (``gpu_lease.CaseTurns``: small cases share it, large cases and timings hold it alone).  The
+    records are written in case order whatever order the cases finish in."""
 
     def __post_init__(self) -> None:
         validate_config(self.checks, self.sections, self.timeout_s, self.nan_bits, self.mode)
+        if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
+            raise ValueError(f"--workers: a count >= 1 or 'auto' expected, got {self.workers!r}")
 
     def chosen_sections(self) -> tuple[str, ...]:
         """The report sections of the whole run (all shards together)."""
@@ -149,6 +160,26 @@ class RunConfig:
     def section_names(self) -> tuple[str, ...]:
         """The report sections this run produces (a shard runs its share of them)."""
         return sections_of_shard(self.chosen_sections(), self.shard)
+
+
+def auto_workers(device: torch.device, isolate: bool) -> int:
+    """``run --workers auto``: on a CUDA device, one case worker per 4 of this process's PyTorch
+    threads, at most ``RUN_WORKERS_MAX``; else (a CPU device, ``--in-process``) one."""
+    if device.type != "cuda" or not isolate:
+        return 1
+    return max(1, min(RUN_WORKERS_MAX, torch.get_num_threads() // 4))
+
+
+def _workers(cfg: RunConfig, device: torch.device) -> int:
+    """The case workers of ``cfg`` on ``device``: one when the GPU is leased already on this
+    process's behalf (a run inside a GPU test: its workers would wait for that lease forever)."""
+    want = auto_workers(device, cfg.isolate) if cfg.workers is None else cfg.workers
+    if want > 1 and not cfg.isolate:
+        return 1
+    if want > 1 and device.type == "cuda" and held_here():
+        print(f"note: one case worker, not {want}: this process holds a lease on the GPU already", file=sys.stderr)
+        return 1
+    return want
 
 
 def _run_device(backends: Sequence[LoadedBackend]) -> torch.device:
@@ -164,6 +195,47 @@ def _case_records(cfg: RunConfig, case: Case, device: str, group: list[LoadedBac
     return in_check_order([r for recs in case_chunks(cfg, case, device, group, checks, curve, phases) for r in recs], group)
 
 
+def _plan(runnable: Sequence[LoadedBackend], case: Case, checks: tuple[str, ...], tally: NotApplicable) -> dict[str, list[LoadedBackend]]:
+    """The backends with checks planned for ``case``, by device (the others: counted in ``tally``)."""
+    by_device: dict[str, list[LoadedBackend]] = {}
+    for b in applicable(runnable, case, checks, tally):  # the others: not applicable, counted (harness.checks.plan)
+        by_device.setdefault(b.device or "cpu", []).append(b)
+    return by_device
+
+
+def _records(cfg: RunConfig, case: Case, by_device: dict[str, list[LoadedBackend]], checks: tuple[str, ...], curve: Optional[CopyCurve],
+             phases: dict[str, float], supervisor: Any, notes: set[str], in_process: bool = True) -> Optional[list[CheckRecord]]:
+    """Every record of ``case``: through ``supervisor`` (a worker process) when there is one, else in
+    this process; ``None`` when the case must run in this process and ``in_process`` is off."""
+    out: list[CheckRecord] = []
+    for device, group in by_device.items():
+        recs = None
+        if supervisor is not None:
+            try:
+                recs = supervisor.records(case, device, group, checks, phases)
+            except NotIsolatable as exc:
+                if exc.args[0] not in notes:
+                    notes.add(exc.args[0])
+                    print(f"note: case {case.id} runs in this process: {exc}", file=sys.stderr)
+        if recs is None:
+            if not in_process:
+                return None
+            recs = _case_records(cfg, case, device, group, checks, curve, phases)
+        out += recs
+    return out
+
+
+def _case_workers(cfg: RunConfig, runnable: Sequence[LoadedBackend], curve: Optional[CopyCurve]) -> list[Any]:
+    """The run's worker processes (supervisors, started on first use): ``cfg.workers`` of them, each
+    with an equal share of this process's PyTorch threads; several lease the GPU per case."""
+    threads = torch.get_num_threads()
+    if cfg.workers == 1:
+        return [get_supervisor([b.spec for b in runnable], WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, threads), curve)]
+    settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, max(1, threads // cfg.workers), gpu_share_mib=GPU_SHARE_MIB)
+    return [get_supervisor([b.spec for b in runnable], settings, curve) if i == 0 else Supervisor([b.spec for b in runnable], settings, curve)
+            for i in range(cfg.workers)]
+
+
 def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve], phases: dict[str, float]) -> None:
     t0 = time.perf_counter()
     runnable = [b for b in cfg.backends if b.available]
@@ -171,45 +243,76 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
     failures, na = 0, NotApplicable()
     bar = tqdm(cfg.cases, desc=f"parity {cfg.suite}" + (f" shard {cfg.shard}" if cfg.shard else ""), unit="case",
                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
-    supervisor = None
+    workers: list[Any] = []
     if cfg.isolate and runnable:
         why = isolatable(runnable)
         if why is None:
-            settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, torch.get_num_threads())
-            supervisor = get_supervisor([b.spec for b in runnable], settings, curve)
-            starts = supervisor.starts
+            workers = _case_workers(cfg, runnable, curve)
+            starts = [w.starts for w in workers]
         else:
             print(f"note: the cases run in this process ({why})", file=sys.stderr)
-    writer.report["meta"]["isolation"] = "worker" if supervisor is not None else "in-process"
+    writer.report["meta"]["isolation"] = "worker" if workers else "in-process"
+    writer.report["meta"]["workers"] = max(1, len(workers))
     finished, notes = False, set()
+    pool = ThreadPoolExecutor(len(workers), thread_name_prefix="parity-case") if len(workers) > 1 else None
     try:
-        for case in bar:
-            by_device: dict[str, list[LoadedBackend]] = {}
-            for b in applicable(runnable, case, checks, na):  # the others: not applicable, counted (harness.checks.plan)
-                by_device.setdefault(b.device or "cpu", []).append(b)
+        if pool is None:
+            def results() -> Iterator[tuple[Case, NotApplicable, Optional[list[CheckRecord]]]]:
+                for case in bar:
+                    tally = NotApplicable()
+                    by_device = _plan(runnable, case, checks, tally)
+                    yield case, tally, _records(cfg, case, by_device, checks, curve, phases, workers[0] if workers else None, notes)
+        else:
+            idle: Queue = Queue()
+            for w in workers:
+                idle.put(w)
+            lock = threading.Lock()
+
+            def one(case: Case, by_device: dict[str, list[LoadedBackend]]) -> Optional[list[CheckRecord]]:
+                mine = dict.fromkeys(PHASES, 0.0)
+                w = idle.get()
+                try:
+                    return _records(cfg, case, by_device, checks, curve, mine, w, notes, in_process=False)
+                finally:
+                    idle.put(w)
+                    with lock:
+                        for k, v in mine.items():
+                            phases[k] = phases.get(k, 0.0) + v
+
+            planned = []
+            for case in cfg.cases:
+                tally = NotApplicable()
+                by_device = _plan(runnable, case, checks, tally)
+                planned.append((case, tally, by_device, pool.submit(one, case, by_device)))
+
+            def results() -> Iterator[tuple[Case, NotApplicable, Optional[list[CheckRecord]]]]:
+                for case, tally, by_device, future in planned:
+                    recs = future.result()
+                    if recs is None:  # a case only this process can run (``NotIsolatable``): here, in turn
+                        recs = _records(cfg, case, by_device, checks, curve, phases, None, notes)
+                    bar.update()
+                    yield case, tally, recs
+
+        for case, tally, recs in results():
+            na.merge(tally)
             writer.report["not_applicable"] = na.to_json()
-            for device, group in by_device.items():
-                recs = None
-                if supervisor is not None:
-                    try:
-                        recs = supervisor.records(case, device, group, checks, phases)
-                    except NotIsolatable as exc:
-                        if exc.args[0] not in notes:
-                            notes.add(exc.args[0])
-                            print(f"note: case {case.id} runs in this process: {exc}", file=sys.stderr)
-                if recs is None:
-                    recs = _case_records(cfg, case, device, group, checks, curve, phases)
-                failures += sum(r.verdict == "fail" for r in recs)
-                phases["report_writes"] = writer.write_s
-                phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
-                writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items() if k in PHASES}  # so far: a cut-off run still tells
-                writer.add(r.to_json() for r in recs)
+            failures += sum(r.verdict == "fail" for r in recs)
+            phases["report_writes"] = writer.write_s
+            phases["total"] = phases.get("_before_cases", 0.0) + time.perf_counter() - t0
+            writer.report["meta"]["phase_s"] = {k: round(v, 3) for k, v in phases.items() if k in PHASES}  # so far: a cut-off run still tells
+            writer.add(r.to_json() for r in recs)
             bar.set_postfix(fail=failures, refresh=False)
         finished = True
     finally:
-        if supervisor is not None:
-            writer.report["meta"]["workers_started"] = supervisor.starts - starts
-            done_with(supervisor, keep=finished)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if workers:
+            writer.report["meta"]["workers_started"] = sum(w.starts - s for w, s in zip(workers, starts))
+            done_with(workers[0], keep=finished)
+            for w in workers[1:]:
+                w.close()
+        if pool is not None:
+            pool.shutdown(wait=True)
     bar.close()
 
 
@@ -230,6 +333,7 @@ def run(cfg: RunConfig) -> int:
 def _run_locked(cfg: RunConfig) -> int:
     started_at = time.perf_counter()
     device = _run_device(cfg.backends)
+    cfg = replace(cfg, workers=_workers(cfg, device))
     copy_gbps, curve = None, None
     if cfg.perf:
         curve = copy_curve(device)

@@ -137,13 +137,16 @@ def test_isolation_works_from_a_script_read_from_stdin(tmp_path):
     assert report["records"][0]["outcome"] == "crash" and "SIGSEGV" in report["records"][0]["message"]
 
 
-def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path, workers):
     """In process such a backend swallows the run's own ``Terminated`` too (the run outlived SIGTERM);
-    isolated, the signal reaches the parent, which writes the partial report and kills the worker."""
+    isolated, the signal reaches the parent, which writes the partial report and kills the worker
+    (with two workers: both hang, each in a case of its own)."""
     import signal
 
     out = tmp_path / "term"
-    proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--case", INT4, "--backend", f"{HOSTILE}:HangsUninterruptibly",
+    proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--case", INT4, "--case", INT4.replace("N4", "N5"),
+                             "--backend", f"{HOSTILE}:HangsUninterruptibly", "--workers", str(workers),
                              "--timeout", "0", "--checks", "forward", "--no-perf", "--no-sections", "--no-progress", "--out", str(out)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     end = time.monotonic() + 120
@@ -152,12 +155,14 @@ def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path):
         time.sleep(0.2)
     time.sleep(2.0)
     proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
     try:
         output, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
     report = json.loads((out / "report.json").read_text())
     assert proc.returncode == 143 and report["complete"] is False and report["error"] == "terminated (SIGTERM)", output[-2000:]
+    assert time.monotonic() - sent < 30 and report["meta"]["workers"] == workers
 
 
 @pytest.mark.gpu
