@@ -47,5 +47,5 @@ GPU_SHARE_MIB = 64
 ``moe-fq-parity run --workers``.  Larger cases, and every timing, hold the GPU alone."""
 
 RUN_WORKERS_MAX = 4
-"""``run --workers auto`` on a CUDA device: this many case workers at most, one per 4 host CPUs
-(docs/measured.md section 12b); on a CPU device one."""
+"""``run --workers auto``: this many case workers at most (on a CUDA device one per 4 host CPUs, on
+a CPU device one per CPU: ``harness.run.runner.auto_workers``; docs/measured.md section 12b)."""

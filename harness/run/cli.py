@@ -116,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--in-process", action="store_true",
                    help="run the cases in this process (debugging); default: a supervised worker process that a crashing or hanging backend cannot take down")
     r.add_argument("--workers", type=_workers, default=None, metavar="K",
-                   help="case worker processes (default auto: on a CUDA device one per 4 CPUs, at most "
-                        f"{RUN_WORKERS_MAX}, small cases sharing the GPU, large cases and timings holding it alone; else 1)")
+                   help=f"case worker processes (default auto, at most {RUN_WORKERS_MAX}: on a CUDA device one per 4 CPUs, small "
+                        "cases sharing the GPU, large cases and timings holding it alone; on a CPU one per CPU, 1 with --perf)")
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
     r.add_argument("--share-cpus", type=int, default=None, metavar="K",

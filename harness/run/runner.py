@@ -162,18 +162,21 @@ class RunConfig:
         return sections_of_shard(self.chosen_sections(), self.shard)
 
 
-def auto_workers(device: torch.device, isolate: bool) -> int:
-    """``run --workers auto``: on a CUDA device, one case worker per 4 of this process's PyTorch
-    threads, at most ``RUN_WORKERS_MAX``; else (a CPU device, ``--in-process``) one."""
-    if device.type != "cuda" or not isolate:
+def auto_workers(device: torch.device, isolate: bool, perf: bool = False) -> int:
+    """``run --workers auto``: on a CUDA device one case worker per 4 of this process's PyTorch
+    threads; on a CPU device one per thread, or one when the run times its calls (no lease keeps a
+    CPU timing apart from the other workers); at most ``RUN_WORKERS_MAX``, one with ``--in-process``."""
+    if not isolate:
         return 1
-    return max(1, min(RUN_WORKERS_MAX, torch.get_num_threads() // 4))
+    if device.type == "cuda":
+        return max(1, min(RUN_WORKERS_MAX, torch.get_num_threads() // 4))
+    return 1 if perf else max(1, min(RUN_WORKERS_MAX, torch.get_num_threads()))
 
 
 def _workers(cfg: RunConfig, device: torch.device) -> int:
     """The case workers of ``cfg`` on ``device``: one when the GPU is leased already on this
     process's behalf (a run inside a GPU test: its workers would wait for that lease forever)."""
-    want = auto_workers(device, cfg.isolate) if cfg.workers is None else cfg.workers
+    want = auto_workers(device, cfg.isolate, cfg.perf) if cfg.workers is None else cfg.workers
     if want > 1 and not cfg.isolate:
         return 1
     if want > 1 and device.type == "cuda" and held_here():

@@ -10,7 +10,6 @@ small cases share it, and a large case or a timing holds it alone (fake GPUs, as
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -64,11 +63,14 @@ def test_a_crash_in_one_worker_fails_its_case_only(tmp_path):
 
 def test_worker_counts(capsys, monkeypatch):
     cfg = RunConfig(suite="smoke", cases=(), backends=(), checks=("forward",), out_dir=Path("x"), seed=0, workers=None)
-    assert auto_workers(torch.device("cpu"), True) == 1 and auto_workers(torch.device("cuda"), False) == 1
+    assert auto_workers(torch.device("cuda"), False) == 1 and auto_workers(torch.device("cpu"), False) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     assert auto_workers(torch.device("cuda"), True) == 4 and _workers(cfg, torch.device("cuda")) == 4
+    assert auto_workers(torch.device("cpu"), True) == 4 and auto_workers(torch.device("cpu"), True, perf=True) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
-    assert auto_workers(torch.device("cuda"), True) == 1
+    assert auto_workers(torch.device("cuda"), True) == 1 and auto_workers(torch.device("cpu"), True) == 4
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert auto_workers(torch.device("cpu"), True) == 2
     monkeypatch.setenv(gpu_lease.HELD_ENV, "1")  # a run inside a GPU test: its lease is held by the parent
     assert _workers(RunConfig(**{**cfg.__dict__, "workers": 3}), torch.device("cuda")) == 1
     assert "holds a lease on the GPU already" in capsys.readouterr().err
