@@ -46,6 +46,13 @@ GPU_SHARE_MIB = 64
 (``harness.run.gpu_lease``): the pytest plugin's ``--parity-gpu-share-mib`` and the case workers of
 ``moe-fq-parity run --workers``.  Larger cases, and every timing, hold the GPU alone."""
 
+RUN_GPU_SHARE_MIB = 1024
+"""The case workers of ``moe-fq-parity run --workers`` (at most ``RUN_WORKERS_MAX`` of them) share a GPU
+for cases up to this many MiB, and up to 1/16 of the GPU's memory per worker where that is less (a
+check's peak was at most 3x its case's bytes in the nightly: docs/measured.md section 12b); larger
+cases and every timing hold it alone.  Higher than ``GPU_SHARE_MIB``: pytest may run many more
+workers than a run does."""
+
 RUN_WORKERS_MAX = 4
 """``run --workers auto``: this many case workers at most (on a CUDA device one per 4 host CPUs, on
 a CPU device one per CPU: ``harness.run.runner.auto_workers``; docs/measured.md section 12b)."""

@@ -36,7 +36,8 @@ from moe_fq_parity.harness.backends import BUILTINS, NAMES, BackendLoadError, lo
 from moe_fq_parity.harness.checks import DEFAULT_CHECKS
 from moe_fq_parity.harness.core.processes import sharing_cpus
 from moe_fq_parity.harness.core.records import CHECKS
-from moe_fq_parity.harness.core.tolerances import (CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, RUN_WORKERS_MAX, SLOWDOWN_THRESHOLD,
+from moe_fq_parity.harness.core.tolerances import (CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, RUN_GPU_SHARE_MIB, RUN_WORKERS_MAX,
+                                                     SLOWDOWN_THRESHOLD,
                                                      VERDICT_MODES)
 from moe_fq_parity.harness.core.triton_env import prepare
 from moe_fq_parity.harness.sections.selftest.report import print_outcome, to_json
@@ -116,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--in-process", action="store_true",
                    help="run the cases in this process (debugging); default: a supervised worker process that a crashing or hanging backend cannot take down")
     r.add_argument("--workers", type=_workers, default=None, metavar="K",
-                   help=f"case worker processes (default auto, at most {RUN_WORKERS_MAX}: on a CUDA device one per 4 CPUs, small "
-                        "cases sharing the GPU, large cases and timings holding it alone; on a CPU one per CPU, 1 with --perf)")
+                   help=f"case worker processes (default auto, at most {RUN_WORKERS_MAX}: on a CUDA device one per 4 CPUs, cases "
+                        f"up to {RUN_GPU_SHARE_MIB} MiB sharing the GPU, large cases and timings holding it alone; on a CPU one per CPU, 1 with --perf)")
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run shard I of N: a deterministic 1/N of the selected cases, balanced by bytes (join the reports with 'merge')")
     r.add_argument("--share-cpus", type=int, default=None, metavar="K",

@@ -201,10 +201,11 @@ class CaseTurns:
     """The leases of one case worker of a run with several workers on one GPU (``run --workers``).
 
     A case whose bytes are above ``share_mib`` (``shares_gpu``) holds the GPU alone from its inputs
-    to its last check; a smaller one shares it with the other workers' small cases, except for a
-    check chunk that times the backend (``perf``), which holds it alone: a timing never overlaps
-    another process's work.  A case's tensors stay allocated while its lease changes kind (they are
-    small: at most ``share_mib``)."""
+    to its last check.  A smaller one shares it with the other workers' small cases, one lease for
+    its inputs and reference outputs and one per check chunk, so that a worker waiting to hold the
+    GPU alone waits for one chunk of each other worker, not for their whole cases; a check chunk
+    that times the backend (``perf``) holds it alone: a timing never overlaps another process's
+    work.  A small case's tensors stay allocated between its leases (at most ``share_mib``)."""
 
     def __init__(self, index: int, share_mib: int) -> None:
         self.index, self.share_mib = index, share_mib
@@ -219,9 +220,10 @@ class CaseTurns:
         self._hold(shared=self.small)
 
     def chunk(self, checks: Sequence[str]) -> None:
-        """Before a check chunk: a small case switches to an exclusive lease to time, back to a shared one after."""
+        """Before a check chunk: a small case gives its lease back and takes one for the chunk
+        (exclusive to time, else shared)."""
         if self.small:
-            self._hold(shared="perf" not in checks)
+            self._hold(shared="perf" not in checks, again=True)
 
     def end(self) -> None:
         """After the case (its tensors dropped): give the lease back (``tidy`` first)."""
@@ -229,9 +231,9 @@ class CaseTurns:
             lease, self._lease = self._lease, None
             lease.release(0)
 
-    def _hold(self, shared: bool) -> None:
+    def _hold(self, shared: bool, again: bool = False) -> None:
         if self._lease is not None:
-            if self._shared == shared:
+            if self._shared == shared and not again:
                 return
             lease, self._lease = self._lease, None
             lease.release(allocated_here())

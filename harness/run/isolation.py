@@ -296,6 +296,7 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
                 turns.chunk(chunk)
             conn.send(("begin", (b.spec, chunk)))
 
+        waited = turns.waited_s if turns is not None else 0.0
         if turns is not None and cuda:
             turns.start(case)
         try:
@@ -311,6 +312,8 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
         finally:
             if turns is not None and cuda:
                 turns.end()
+        if turns is not None:
+            phases["gpu_wait"] += turns.waited_s - waited
         conn.send(("done", {k: v for k, v in phases.items() if k in PHASES}))
 
 

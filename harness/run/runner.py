@@ -30,7 +30,7 @@ from moe_fq_parity.harness.core.guard import Terminated, run_signals
 from moe_fq_parity.harness.core.meta import run_meta
 from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 from moe_fq_parity.harness.core.timing import CopyCurve, copy_curve, curve_gbps
-from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, GPU_SHARE_MIB, NAN_BITS_MODES, RUN_WORKERS_MAX, VERDICT_MODES
+from moe_fq_parity.harness.core.tolerances import CALL_TIMEOUT_S, DEFAULT_NAN_BITS, NAN_BITS_MODES, RUN_GPU_SHARE_MIB, RUN_WORKERS_MAX, VERDICT_MODES
 
 from .chunks import PHASES, case_chunks, check_chunks, in_check_order  # noqa: F401 - PHASES, check_chunks: part of the runner's API
 from .diff import diff_reports, format_diff
@@ -145,7 +145,8 @@ class RunConfig:
     workers: Optional[int] = 1
     """Case workers (``run --workers``; ``None``: ``auto_workers``): with more than one (isolated runs only), that many worker
     processes take the cases in turn; on a CUDA device they lease it per case
-    (``gpu_lease.CaseTurns``: small cases share it, large cases and timings hold it alone).  The
+    (``gpu_lease.CaseTurns``: cases up to ``run_share_mib`` share it, larger cases and timings hold
+    it alone).  The
     records are written in case order whatever order the cases finish in."""
 
     def __post_init__(self) -> None:
@@ -228,13 +229,23 @@ def _records(cfg: RunConfig, case: Case, by_device: dict[str, list[LoadedBackend
     return out
 
 
+def run_share_mib(device: torch.device, workers: int) -> int:
+    """The largest case (MiB) that ``workers`` case workers run beside each other on ``device``:
+    ``RUN_GPU_SHARE_MIB``, or 1/16 of the GPU's memory per worker where that is less."""
+    if device.type != "cuda":
+        return RUN_GPU_SHARE_MIB
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(1, min(RUN_GPU_SHARE_MIB, int(total // (16 * workers)) >> 20))
+
+
 def _case_workers(cfg: RunConfig, runnable: Sequence[LoadedBackend], curve: Optional[CopyCurve]) -> list[Any]:
     """The run's worker processes (supervisors, started on first use): ``cfg.workers`` of them, each
     with an equal share of this process's PyTorch threads; several lease the GPU per case."""
     threads = torch.get_num_threads()
     if cfg.workers == 1:
         return [get_supervisor([b.spec for b in runnable], WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, threads), curve)]
-    settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, max(1, threads // cfg.workers), gpu_share_mib=GPU_SHARE_MIB)
+    settings = WorkerSettings(cfg.seed, cfg.mode, cfg.timeout_s, cfg.nan_bits, max(1, threads // cfg.workers),
+                              gpu_share_mib=run_share_mib(_run_device(runnable), cfg.workers))
     return [get_supervisor([b.spec for b in runnable], settings, curve) if i == 0 else Supervisor([b.spec for b in runnable], settings, curve)
             for i in range(cfg.workers)]
 

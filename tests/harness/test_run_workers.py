@@ -21,7 +21,7 @@ import torch
 from moe_fq_parity.cases import parse_case
 from moe_fq_parity.harness.run import gpu_lease
 from moe_fq_parity.harness.run.cli import main
-from moe_fq_parity.harness.run.runner import RunConfig, _workers, auto_workers
+from moe_fq_parity.harness.run.runner import RunConfig, _workers, auto_workers, run_share_mib
 
 HOSTILE = "tests.harness.hostile_backends"
 INT4 = "int4.cuda/per_expert/stacked/N4/16x48/special@design/s0"
@@ -77,6 +77,13 @@ def test_worker_counts(capsys, monkeypatch):
     assert _workers(RunConfig(**{**cfg.__dict__, "workers": 3}), torch.device("cpu")) == 3
     with pytest.raises(ValueError, match="--workers"):
         RunConfig(**{**cfg.__dict__, "workers": 0})
+
+
+def test_the_cases_workers_share_a_gpu_are_bounded_by_its_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 << 30))
+    assert run_share_mib(torch.device("cuda"), 4) == 1024  # 80 GiB: the cap
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=24 << 30))
+    assert run_share_mib(torch.device("cuda"), 4) == 384 and run_share_mib(torch.device("cuda"), 2) == 768
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two"])
