@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import torch
 
@@ -41,6 +41,9 @@ class CheckContext:
     """NaN policy of every comparison (``harness.core.equality``): ``any`` or ``strict``."""
     copy_curve: Optional[CopyCurve] = None
     """The run's copy timings (``harness.core.timing.copy_curve``): the perf check's same-size copy."""
+    alone: Optional[Callable[[], ContextManager[None]]] = None
+    """A context in which this process has the device to itself (``harness.run.gpu_lease.CaseTurns.alone``,
+    case workers sharing a GPU): the perf check times inside it.  ``None``: nothing to wait for."""
 
     @property
     def case(self):

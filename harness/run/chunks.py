@@ -62,7 +62,7 @@ class HeldCase:
 
 def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve],
                 phases: dict[str, float], on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]] = None,
-                held: Optional[HeldCase] = None, keep: bool = False) -> Iterator[list[CheckRecord]]:
+                held: Optional[HeldCase] = None, keep: bool = False, alone: Optional[Callable[[], Any]] = None) -> Iterator[list[CheckRecord]]:
     """The records of ``case`` on the backends of one device, one ``check_chunks`` unit of one backend
     at a time (``on_begin(backend, chunk)`` is called before each); the case's tensors are dropped at
     the end.  ``cfg``: anything with ``seed``, ``mode``, ``timeout_s`` and ``nan_bits`` (a ``RunConfig``
@@ -74,14 +74,15 @@ def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], ch
     checks, guards and comparisons included) and, within those, ``backend_calls``.
 
     ``held``: the case's tensors are taken from there when it holds them, and (``keep``) put back
-    at the end instead of dropped, for the next call on the same case.
+    at the end instead of dropped, for the next call on the same case.  ``alone``: the checks'
+    ``CheckContext.alone`` (case workers sharing a GPU).
     """
     dev = torch.device(device)
     key = (case.id, cfg.seed, str(dev))
     reuse = held.take(key) if held is not None else None
     if reuse is not None:
         inputs, expected, base = reuse
-        yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base)
+        yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base, alone)
         if keep:
             held.put(key, reuse)
         return
@@ -109,18 +110,18 @@ def case_chunks(cfg, case: Case, device: str, group: Sequence[LoadedBackend], ch
         yield [case_oom_record(case, b.spec, "forward", cfg.seed, cfg.mode, case_bytes(case), dev,
                                "building the case inputs and reference outputs", oom_detail) for b in group]
         return
-    yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base)
+    yield from _checks_of(cfg, group, checks, curve, phases, on_begin, inputs, expected, base, alone)
     if held is not None and keep:
         held.put(key, (inputs, expected, base))
 
 
 def _checks_of(cfg, group: Sequence[LoadedBackend], checks: tuple[str, ...], curve: Optional[CopyCurve], phases: dict[str, float],
                on_begin: Optional[Callable[[LoadedBackend, tuple[str, ...]], None]], inputs: Any, expected: Any,
-               base: Optional[int]) -> Iterator[list[CheckRecord]]:
+               base: Optional[int], alone: Optional[Callable[[], Any]] = None) -> Iterator[list[CheckRecord]]:
     """The checks of ``case_chunks`` on built tensors."""
     gbps = curve_gbps(curve) if curve else None
     for b in group:
-        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, gbps, mem_base=base, nan_bits=cfg.nan_bits, copy_curve=curve)
+        ctx = CheckContext(b, inputs, cfg.seed, cfg.mode, cfg.timeout_s, gbps, mem_base=base, nan_bits=cfg.nan_bits, copy_curve=curve, alone=alone)
         for chunk in check_chunks(checks):
             if on_begin is not None:
                 on_begin(b, chunk)

@@ -27,9 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Sequence
-
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -203,9 +202,9 @@ class CaseTurns:
     A case whose bytes are above ``share_mib`` (``shares_gpu``) holds the GPU alone from its inputs
     to its last check.  A smaller one shares it with the other workers' small cases, one lease for
     its inputs and reference outputs and one per check chunk, so that a worker waiting to hold the
-    GPU alone waits for one chunk of each other worker, not for their whole cases; a check chunk
-    that times the backend (``perf``) holds it alone: a timing never overlaps another process's
-    work.  A small case's tensors stay allocated between its leases (at most ``share_mib``)."""
+    GPU alone waits for one chunk of each other worker, not for their whole cases; while the perf
+    check times the backend (``alone``) it holds the GPU alone: a timing never overlaps another
+    process's work.  A small case's tensors stay allocated between its leases (at most ``share_mib``)."""
 
     def __init__(self, index: int, share_mib: int) -> None:
         self.index, self.share_mib = index, share_mib
@@ -219,11 +218,22 @@ class CaseTurns:
         self.small = shares_gpu(case, self.share_mib)
         self._hold(shared=self.small)
 
-    def chunk(self, checks: Sequence[str]) -> None:
-        """Before a check chunk: a small case gives its lease back and takes one for the chunk
-        (exclusive to time, else shared)."""
+    def chunk(self) -> None:
+        """Before a check chunk: a small case gives its lease back and takes a shared one for the chunk."""
         if self.small:
-            self._hold(shared="perf" not in checks, again=True)
+            self._hold(shared=True, again=True)
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """The GPU held alone for the block (a timing); a small case shares it again after."""
+        if not self.small:
+            yield
+            return
+        self._hold(shared=False)
+        try:
+            yield
+        finally:
+            self._hold(shared=True)
 
     def end(self) -> None:
         """After the case (its tensors dropped): give the lease back (``tidy`` first)."""

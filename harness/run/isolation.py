@@ -293,14 +293,15 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
 
         def begin(b: LoadedBackend, chunk: tuple[str, ...]) -> None:
             if turns is not None and cuda:
-                turns.chunk(chunk)
+                turns.chunk()
             conn.send(("begin", (b.spec, chunk)))
 
         waited = turns.waited_s if turns is not None else 0.0
         if turns is not None and cuda:
             turns.start(case)
         try:
-            for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep):
+            for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep,
+                                    turns.alone if turns is not None and cuda else None):
                 lost = _cuda_lost() if cuda else None
                 if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
                     recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")

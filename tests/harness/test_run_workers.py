@@ -131,20 +131,68 @@ def test_small_cases_share_the_gpu_and_a_large_case_or_a_timing_holds_it_alone(o
     c.end()
     t.join(10)
     assert small_done
+    a.chunk()
     b.start(small)
-    b.chunk(("forward",))
-    t, timing = _later(lambda: a.chunk(("forward", "perf")))
+    b.chunk()
+    a.chunk()  # chunks of small cases share the GPU
+    timer = a.alone()
+    t, timing = _later(timer.__enter__)
     time.sleep(0.3)
-    assert not timing  # a timing waits for the other small case
-    b.end()
+    assert not timing  # a timing waits for the other small case's chunk
+    t2, other = _later(b.chunk)  # b's next chunk: its lease given back, a new one waits behind the timing
     t.join(10)
     assert timing
-    t, other = _later(lambda: b.start(small))
     time.sleep(0.3)
-    assert not other  # and nothing shares the GPU while it times
-    a.chunk(("backward.clipped",))  # back to a shared lease
-    t.join(10)
+    assert not other  # nothing shares the GPU while a times
+    timer.__exit__(None, None, None)  # a shares it again
+    t2.join(10)
     assert other
     a.end()
     b.end()
+    c.start(large)
+    t, small_case = _later(lambda: a.start(small))
+    with c.alone():  # a large case holds the GPU alone already: its timing changes nothing
+        time.sleep(0.2)
+    assert not small_case
+    c.end()
+    t.join(10)
+    assert small_case
+    a.end()
     assert not gpu_lease.held_here()
+
+
+def test_the_perf_check_times_inside_alone_and_checks_outside_it():
+    """``CheckContext.alone`` holds the GPU alone around the timed calls only: the forward check's
+    call of the same chunk shares it."""
+    from contextlib import contextmanager
+
+    from moe_fq_parity.cases import make_inputs
+    from moe_fq_parity.harness.backends import load
+    from moe_fq_parity.harness.checks import CheckContext, run_case_checks
+
+    backend = load("reference")
+    inside, calls = [False], []
+    real = {name: getattr(backend.obj, name) for name in ("fake_quant", "fake_quant_stacked") if hasattr(backend.obj, name)}
+
+    def logs(name):
+        def logged(*args, **kwargs):
+            calls.append(inside[0])
+            return real[name](*args, **kwargs)
+        return logged
+
+    @contextmanager
+    def alone():
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    for name in real:
+        setattr(backend.obj, name, logs(name))
+    try:
+        ctx = CheckContext(backend, make_inputs(parse_case(INT8), 0), 0, alone=alone)
+        forward, perf = run_case_checks(ctx, ("forward", "perf"))
+    finally:
+        for name, fn in real.items():
+            setattr(backend.obj, name, fn)
+    assert (forward.verdict, perf.verdict) == ("pass", "pass"), (forward.message, perf.message)
+    assert calls[0] is False and len(calls) > 5 and all(calls[1:]), calls
