@@ -34,7 +34,10 @@ def worker_index() -> Optional[int]:
 
 
 def needs_gpu_lease(item: pytest.Item) -> bool:
-    """A test marked ``gpu`` or ``slow`` that is not skipped, on a host with CUDA."""
+    """A test marked ``gpu`` or ``slow`` that is not skipped, on a host with CUDA, unless marked
+    ``gpu(lease=False)`` (it needs a GPU host but puts nothing on the GPU: a build, an NVML query)."""
+    if any(m.kwargs.get("lease", True) is False for m in item.iter_markers("gpu")):
+        return False
     try:
         if evaluate_skip_marks is not None and evaluate_skip_marks(item) is not None:
             return False

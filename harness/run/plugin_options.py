@@ -18,7 +18,7 @@ ENV_PREFIX = "PARITY_"
 MARKERS = {
     "parity": "a parity check of a backend against the reference (set by the plugin on tests using parity_case)",
     "slow": "large shapes (Ultra, N=128) and long runs",
-    "gpu": "needs a CUDA device; skipped with a reason without one",
+    "gpu": "needs a CUDA device; skipped with a reason without one; gpu(lease=False): puts nothing on the GPU, takes no GPU lease",
     "fuzz": "Hypothesis fuzzing (profile via --hypothesis-profile / HYPOTHESIS_PROFILE)",
     "dist": "spawns several processes",
 }

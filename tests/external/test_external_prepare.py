@@ -116,7 +116,7 @@ print("INITIALISED", torch.cuda.is_initialized(), str(os.getpid()) in apps)
 """
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(lease=False)  # minutes of nvcc with no CUDA context: a lease would stall every other GPU test
 def test_real_prepare_builds_without_a_cuda_context():
     """On a GPU host with Model-Optimizer: prepare() in a fresh process builds (or loads) both
     extensions, and the process holds no CUDA context on the GPU afterwards (it is not among

@@ -183,6 +183,18 @@ def test_gpu_tests_never_share_a_gpu_across_xdist_workers(tmp_path):
     assert len({r["worker"] for r in rows}) > 1  # the run was parallel
 
 
+HOST_TESTS = TESTS.replace("def test_cpu(i):", "@pytest.mark.gpu(lease=False)\ndef test_host(i):").replace('_log("cpu", i)', '_log("host", i)')
+
+
+def test_a_gpu_test_that_uses_no_gpu_takes_no_lease(tmp_path):
+    """``gpu(lease=False)`` (a GPU host, but neither memory nor kernels on the GPU: a compile, an NVML
+    query) runs beside the leased GPU tests; a lease would make it overlap none of them."""
+    rows = _run_project(tmp_path, tests=HOST_TESTS, gpus=1, workers=3)
+    host = [r for r in rows if r["kind"] == "host"]
+    assert len(host) == 6 and _same_device_overlaps(rows) == []
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a in host for b in rows if b["kind"] == "gpu")
+
+
 def test_without_the_lease_gpu_tests_overlap_on_one_gpu(tmp_path):
     rows = _run_project(tmp_path, "-p", "no:moe_fq_parity")
     assert _same_device_overlaps(rows), "control: without leases the fake GPU tests should overlap"
