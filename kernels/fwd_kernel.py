@@ -251,12 +251,19 @@ def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr):
     ``s`` is cut to the power of two at or below it (its exponent bits; ``s`` is normal or 0 here),
     NaN -> ``2**-1``, ``A = 0`` -> 1, and ``inv = 2**-k`` is written from the bits (exact, ``2**-127``
     subnormal for ``s = 2**127``, inf for ``s = 0``).  ``FP32_SCALE``: ``s`` unchanged (1 where
-    ``A = 0``), ``inv = RN(1/s)`` by the integer division (its quotient may be subnormal)."""
+    ``A = 0``), ``inv = RN(1/s)``: the back end's IEEE division where ``s <= 2**126`` (``s`` and the
+    quotient normal, so a flush-to-zero division agrees), the integer division (``div_rn_pos``) in
+    a tile holding a block with a larger ``s`` (its quotient subnormal) or with ``INT_DIV``."""
     s = div_rn_normal(tl.zeros_like(A) + _E4M3_MAX, A, INT_DIV)  # A >= 2**-126 or the quotient overflows
     s = tl.where(s > _FMAX, _FMAX, s)
     if FP32_SCALE:
         s = tl.where(A == 0.0, 1.0, s)
-        inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
+        if INT_DIV:
+            inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
+        else:
+            inv = tl.math.div_rn(tl.zeros_like(s) + 1.0, s)  # s in [448/FP32_MAX, 2**126]: operand and quotient normal
+            if tl.max(tl.where(s > _TWO126, 1, 0)) > 0:  # a block with 1/s subnormal (0 < amax < 448 * 2**-126): rare
+                inv = tl.where(s > _TWO126, div_rn_pos(tl.zeros_like(s) + 1.0, s), inv)
     else:
         sb = s.to(tl.int32, bitcast=True) & 0x7F800000
         sb = tl.where(s != s, 0x3F000000, sb)
