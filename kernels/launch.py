@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -145,7 +145,11 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return _DUMMIES[device]
 
 
-def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, per_channel: bool, check: bool, cfg: KernelConfig) -> dict:
+def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, per_channel: bool, check: bool, cfg: KernelConfig,
+                    facts: Optional[tuple[bool, bool]] = None) -> dict:
+    """The forward's compile-time arguments; ``facts``: ``(EXACT_FMA, HW_BF16)`` when known without
+    probing ``device`` (``kernels/env.py``), e.g. compiling for a GPU that is not here."""
+    exact_fma, hw_bf16 = facts if facts is not None else (env.exact_fma(device.type), env.hw_bf16_rne(device))
     return dict(
         FMT=spec.code,
         LO=spec.lo,
@@ -154,8 +158,8 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, p
         PER_CHANNEL=per_channel,
         CHECK=check,
         UNSIGNED=spec.unsigned,
-        EXACT_FMA=env.exact_fma(device.type),
-        HW_BF16=env.hw_bf16_rne(device),
+        EXACT_FMA=exact_fma,
+        HW_BF16=hw_bf16,
         BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
         INT_DIV=cfg.scalar_int_div,
         BLOCK=spec.block,
@@ -175,8 +179,8 @@ def _stacked_shapes(x: torch.Tensor) -> list[tuple[int, int]]:
     return [(rows, cols)] * n
 
 
-def _stacked_vec(x: torch.Tensor, cols: int) -> int:
-    vec = 16 // x.element_size()
+def _stacked_vec(dtype: torch.dtype, cols: int) -> int:
+    vec = 16 // dtype.itemsize
     return vec if cols % vec == 0 else 1
 
 
@@ -308,6 +312,18 @@ def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, 
     return plan
 
 
+def stacked_fwd_plan(shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device, spec: QuantSpec, per_channel: bool,
+                     check: bool, cfg: KernelConfig, facts: Optional[tuple[bool, bool]] = None) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
+    """``(grid, launch keywords, shapes tiled)`` of a stacked forward over ``shapes`` (the flat view
+    where the elements do not depend on their row), for a 16-byte aligned input; ``facts``: as
+    ``_fwd_constexprs``."""
+    keeps_rows = per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
+    _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
+    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False,
+              **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile))  # fmt: skip
+    return grid_for(used, tile), kw, used
+
+
 def fwd_stacked(
     x: torch.Tensor, out: torch.Tensor, amax: AmaxView, spec: QuantSpec, *, check: bool | str, config: KernelConfig | None = None
 ) -> None:
@@ -316,12 +332,7 @@ def fwd_stacked(
     device = x.device
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
-        cfg = _config(device, config, FWD_CONFIG[spec.code])
-        keeps_rows = amax.per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
-        _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
-        kw = dict(LIST=False, VEC=_stacked_vec(x, used[0][1]), FLAT=False,
-                  **_fwd_constexprs(spec, x.dtype, device, amax.per_channel, bool(check), cfg), **_launch_opts(tile))  # fmt: skip
-        return grid_for(used, tile), kw, used
+        return stacked_fwd_plan(shapes, x.dtype, device, spec, amax.per_channel, bool(check), _config(device, config, FWD_CONFIG[spec.code]))
 
     grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
     flags = checks.flags_for(device, check)
@@ -383,7 +394,7 @@ def bwd_stacked(
         cfg = _config(device, config, BWD_CONFIG)
         _, used, tile = tiling(shapes, 0 if amax.per_channel else flat_width(shapes, FLAT_CAP), cfg, device)
         cols = used[0][1]
-        xvec, gvec = _stacked_vec(x, cols), _stacked_vec(grad, cols)
+        xvec, gvec = _stacked_vec(x.dtype, cols), _stacked_vec(grad.dtype, cols)
         kw = dict(IO=IO_CODES[x.dtype], LIST=False, PER_CHANNEL=amax.per_channel, XVEC=xvec, GVEC=gvec,
                   CVEC=max(xvec, gvec) if min(xvec, gvec) > 1 else 1, FLAT=False, **_launch_opts(tile))  # fmt: skip
         return grid_for(used, tile), kw, used

@@ -1,0 +1,45 @@
+"""The offline instruction profile (``benchmarks.instructions``): a bench column compiled for sm_90
+without a GPU, as the production launch compiles it, and its PTX and SASS counted (in a process of
+its own: this session's kernels may be the interpreter's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="pip install -e '.[triton]'")
+pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA back end (ptxas, cuobjdump)")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _profile(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / f"rows{len(list(tmp_path.iterdir()))}.json"
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.benchmarks.instructions", "--json", str(out), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return proc, json.loads(out.read_text()) if out.exists() else []
+
+
+def test_int8_column_compiles_offline_and_its_checks_cost_instructions(tmp_path):
+    proc, (off,) = _profile(tmp_path, "--columns", "int8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, (on,) = _profile(tmp_path, "--columns", "int8", "--check")
+    assert off["elements_per_thread"] == 16 and off["shape_tiled"][1] % 16 == 0
+    assert 0 < off["ptx"] < on["ptx"] and 0 < off["sass"] < on["sass"]  # the checked launch flags bad amax and inputs
+    assert dict(off["sass_top"]).get("FMUL", 0) >= 3 * 16  # x*s, q*r2 and *256 per element
+    assert "int8" in proc.stdout and str(off["sass"]) in proc.stdout
+
+
+def test_bad_columns_and_the_interpreter_are_refused(tmp_path):
+    proc, rows = _profile(tmp_path, "--columns", "int9")
+    assert proc.returncode == 2 and "unknown ['int9']" in proc.stderr and rows == []
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.benchmarks.instructions"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "TRITON_INTERPRET" in proc.stderr
