@@ -35,12 +35,20 @@ def quiet_import() -> Iterator[None]:
 def quiet_upstream(package: str, category: type[Warning] = Warning, messages: tuple[str, ...] = ()) -> Iterator[None]:
     """Hide, inside the block, the ``category`` warnings that ``package``'s own modules give (say,
     Megatron-Core's checkpoint loader calling a deprecated torch API: one ``FutureWarning`` per rank
-    and load, 162 lines in a run) and the log records below ERROR of ``package``'s loggers;
-    ``messages``: also the warnings of any module whose text starts with one of these (torch's
+    and load, 162 lines in a run) and the log records below ERROR of ``package``'s loggers and of
+    its modules that log on the root logger (torch's checkpoint loader: a warning with a traceback
+    per unreadable metadata file); ``messages``: also the warnings of any module whose text starts with one of these (torch's
     warnings about how ``package`` calls it).  Any other warning or record shows as before."""
     log = logging.getLogger(package)
     level = log.level
     log.setLevel(logging.ERROR)
+    where = "/" + package.replace(".", "/") + "/"
+
+    def theirs_on_root(record: logging.LogRecord) -> bool:  # some modules log on the root logger (torch's checkpoint loader)
+        return record.levelno >= logging.ERROR or where not in record.pathname.replace("\\", "/")
+
+    root = logging.getLogger()
+    root.addFilter(theirs_on_root)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=category, module=rf"{package}(\.|$)")
@@ -48,6 +56,7 @@ def quiet_upstream(package: str, category: type[Warning] = Warning, messages: tu
                 warnings.filterwarnings("ignore", message=re.escape(text))
             yield
     finally:
+        root.removeFilter(theirs_on_root)
         log.setLevel(level)
 
 

@@ -87,6 +87,33 @@ def test_an_upstream_call_holds_back_that_package_s_log_records_and_torch_s_warn
     assert [str(w.message) for w in seen] == ["another torch warning"]
 
 
+def test_an_upstream_call_holds_back_its_records_on_the_root_logger(tmp_path, monkeypatch, caplog):
+    """torch's checkpoint loader logs on the root logger (``logging.getLogger()``) a warning with its
+    traceback for every metadata file it cannot read: 15 tracebacks in the README's first command,
+    from the dist section's deliberately broken checkpoints.  Records of the package's modules
+    below ERROR are held back; its errors, and root records from anywhere else, are not."""
+    import logging
+
+    from moe_fq_parity.harness.backends.quiet_imports import quiet_upstream
+
+    pkg = tmp_path / "noisy_root_pkg" / "checkpoint"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "loader.py").write_text("import logging\nlogger = logging.getLogger()\n"
+                                   "def load():\n    logger.warning('Rank local metadata is not found.')\n    logger.error('a real error')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from noisy_root_pkg.checkpoint import loader
+
+    with caplog.at_level(logging.INFO):
+        with quiet_upstream("noisy_root_pkg.checkpoint"):
+            loader.load()
+            logging.getLogger().warning("ours, on the root logger")
+        loader.load()
+    assert [r.getMessage() for r in caplog.records] == ["a real error", "ours, on the root logger", "Rank local metadata is not found.",
+                                                        "a real error"]
+
+
 @pytest.mark.skipif(not importable("megatron"), reason="Megatron-Core not installed: nothing warns")
 def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
     """The dist section's Megatron-Core rows (one save and one load layout; each rank is a process that

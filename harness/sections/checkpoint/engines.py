@@ -95,7 +95,11 @@ class DcpEngine:
     def load_into(self, specs: list[ShardSpec], path: str, ctx: RankContext) -> dict[str, torch.Tensor]:
         state = {s.key: to_dtensor(s, ctx) for s in specs}
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+            # torch logs each metadata file it cannot read as a warning with its traceback before it
+            # falls back or fails (15 tracebacks from the bad-checkpoint rows of one run); the failure
+            # itself is ours to report (dcp_failure)
+            with quiet_upstream("torch.distributed.checkpoint"):
+                dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
         except CheckpointException as exc:
             raise dcp_failure(exc, path) from None
         return {k: v.to_local() for k, v in state.items()}
