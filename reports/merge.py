@@ -23,7 +23,7 @@ device, start/finish, completeness).  ``meta.copy_gbps`` is shard 1's; each shar
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .schema import SCHEMA_VERSION, section_verdict
 
@@ -117,9 +117,13 @@ def _check_indices(items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         raise MergeError(f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing: merge needs all {count} shards")
 
 
-def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """One section from its parts (``{part index: (path, section JSON)}``; see the module docstring)."""
-    count = items[0][1]["meta"]["shard"]["count"]
+def join_parts(name: str, parts: dict[int, tuple[str, dict[str, Any]]], count: int,
+               missing: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """One section from its parts (``{part index: (where it came from, section JSON)}``, of ``count``;
+    see the module docstring): the blocks of all parts sorted by key, a ``missing(index)`` row for
+    each part not given, the verdict recomputed from the rows, ``seconds`` the slowest part's.
+    ``MergeError`` when the parts do not fit together.  Used by ``merge`` (the shards' parts) and by
+    a run that splits a section over processes of its own (``harness.sections.processes``)."""
     blocks: list[tuple[list[int], int, list[dict[str, Any]]]] = []
     for index, (path, sec) in sorted(parts.items()):
         rows, pos = sec["rows"], 0
@@ -133,15 +137,7 @@ def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items:
         if k1 == k2:
             raise MergeError(f"section {name}: block {k1} is in parts {i1}/{count} and {i2}/{count}: not parts of one split")
     rows = [r for _, _, block in blocks for r in block]
-    complete = {rep["meta"]["shard"]["index"]: (path, rep["complete"]) for path, rep in items}
-    for index in range(1, count + 1):
-        if index in parts:
-            continue
-        path, done = complete[index]
-        if done:
-            raise MergeError(f"{path}: shard {index}/{count} is complete but has no part of section {name}")
-        rows.append({"id": f"{name}/part{index}of{count}", "verdict": "fail", "fields": {}, "repro": "",
-                     "message": f"part {index}/{count} of section {name} is missing: shard {index}/{count} ({path}) did not finish"})
+    rows += [missing(index) for index in range(1, count + 1) if index not in parts]
     # title and columns from the first part that ran (a part that broke is a one-row section titled by its name)
     first = next((sec for _, sec in (parts[i] for i in sorted(parts)) if sec.get("columns")), parts[min(parts)][1])
     notes = list(dict.fromkeys(sec.get("notes", "") for _, sec in (parts[i] for i in sorted(parts))))
@@ -151,6 +147,22 @@ def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items:
     if seconds:
         out["seconds"] = max(seconds)
     return out
+
+
+def _merge_split(name: str, parts: dict[int, tuple[str, dict[str, Any]]], items: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One section from the shards' parts; a part a complete shard lacks is an error, one an
+    unfinished shard lacks a failing row."""
+    count = items[0][1]["meta"]["shard"]["count"]
+    complete = {rep["meta"]["shard"]["index"]: (path, rep["complete"]) for path, rep in items}
+
+    def missing(index: int) -> dict[str, Any]:
+        path, done = complete[index]
+        if done:
+            raise MergeError(f"{path}: shard {index}/{count} is complete but has no part of section {name}")
+        return {"id": f"{name}/part{index}of{count}", "verdict": "fail", "fields": {}, "repro": "",
+                "message": f"part {index}/{count} of section {name} is missing: shard {index}/{count} ({path}) did not finish"}
+
+    return join_parts(name, parts, count, missing)
 
 
 def merge_sections(items: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:

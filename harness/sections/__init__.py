@@ -123,6 +123,13 @@ shard its part of them instead of giving each of them to one shard (chosen by me
 docs/measured.md §13; ``dist``'s gloo ranks are CPU work, and shards on one host share the CPUs)."""
 
 
+SECTION_PROCESSES: dict[str, int] = {"moe": 3}
+"""An unsharded run whose sections each get a process gives these sections up to this many, each a
+part (``Part(i, k)``), one per ``PARALLEL_MIN_CPUS`` CPUs; their rows are joined as ``merge`` joins a
+sharded run's parts.  ``moe`` drives the GPU from one busy Python thread after the cases (47.7 s of a
+313 s nightly on one H100: docs/measured.md section 12b)."""
+
+
 def _single(name: str, verdict: str, message: str, part: Optional[Part] = None) -> Section:
     """A section of one row (a runner that could not run, or broke); as a part, one block keyed
     ``(-1, part.index)`` (first in the merged table) with an id naming the part."""

@@ -106,6 +106,29 @@ def _child(conn: Any, name: str, target: str, suite: str, seed: int, device: str
         conn.close()
 
 
+def section_processes(name: str, part: Optional[Part]) -> int:
+    """Processes for section ``name`` in a run whose sections each get a process: up to
+    ``SECTION_PROCESSES[name]`` for a section of ``SPLIT_SECTIONS`` in an unsharded run (a sharded run
+    splits it over its shards instead), one per ``PARALLEL_MIN_CPUS`` CPUs of this run's share."""
+    most = registry.SECTION_PROCESSES.get(name, 1)
+    if part is not None or name not in registry.SPLIT_SECTIONS or most <= 1:
+        return 1
+    return max(1, min(most, cpu_share() // registry.PARALLEL_MIN_CPUS))
+
+
+def _joined(name: str, parts: dict[int, tuple[str, dict[str, Any]]], count: int) -> dict[str, Any]:
+    """The section from its ``count`` parts, as ``merge`` joins the parts of a sharded run's section
+    (``seconds``: the slowest part's); parts that do not fit together give one failing row."""
+    from moe_fq_parity.reports.merge import MergeError, join_parts  # deferred: only runs that split a section join
+
+    try:
+        return join_parts(name, parts, count, lambda i: {"id": f"{name}/part{i}of{count}", "verdict": "fail", "fields": {}, "repro": "",
+                                                         "message": f"part {i}/{count} of section {name} gave nothing"})
+    except MergeError as exc:
+        seconds = max(sec.get("seconds", 0.0) for _, sec in parts.values())
+        return _single(name, "fail", f"section {name}: its {count} parts do not join: {exc}").to_json() | {"seconds": seconds}
+
+
 OnDone = Callable[[list[dict[str, Any]], dict[str, Any]], None]
 """``on_done(sections finished so far, in the order chosen; the one just finished)``."""
 
@@ -117,9 +140,12 @@ class StartedSections:
 
     def __init__(self, chosen: list[str], suite: str, seed: int, device: str, part: Optional[Part], parallel: bool) -> None:
         self.chosen, self.suite, self.seed, self.device, self.part = chosen, suite, seed, device, part
-        self._procs: dict[Any, tuple[str, Any]] = {}
+        self._procs: dict[Any, tuple[str, Any, Optional[Part]]] = {}
         self._threads: Optional[int] = None
+        self.splits: dict[str, int] = {}
+        """Sections run as that many parts, each in a process of its own (``section_processes``)."""
         if parallel and len(chosen) >= 2:
+            self.splits = {n: k for n in chosen if (k := section_processes(n, part)) > 1}
             self._spawn()
 
     def _part(self, name: str) -> Optional[Part]:
@@ -131,17 +157,18 @@ class StartedSections:
         import torch
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA context or forkserver state inherited
-        threads = max(1, torch.get_num_threads() // len(self.chosen))  # the sections share this process's CPUs
-        for n in self.chosen:
+        jobs = [(n, Part(i, self.splits[n]) if n in self.splits else self._part(n)) for n in self.chosen for i in range(1, self.splits.get(n, 1) + 1)]
+        threads = max(1, torch.get_num_threads() // len(jobs))  # the section processes share this process's CPUs
+        for n, part in jobs:
             mine, theirs = ctx.Pipe()
             # not daemonic: a daemonic process may not start processes, and dist starts its ranks
             p = ctx.Process(target=_child,
-                            args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(self.chosen) - 1, self._part(n)),
-                            name=f"section-{n}")
+                            args=(theirs, n, registry.SECTION_RUNNERS[n], self.suite, self.seed, self.device, threads, len(jobs) - 1, part),
+                            name=f"section-{n}" + (f"-{part.index}of{part.count}" if n in self.splits else ""))
             with startable_main():
                 p.start()
             theirs.close()
-            self._procs[mine] = (n, p)
+            self._procs[mine] = (n, p, part)
         # While the sections prepare, the caller's OpenMP threads leave them a CPU each: a parallel
         # region waits for its slowest thread, and one waiting for a CPU stalls all of them
         # (docs/measured.md §13).
@@ -169,6 +196,7 @@ class StartedSections:
 
         t0 = time.perf_counter()
         done: dict[str, dict[str, Any]] = {}
+        parts: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {n: {} for n in self.splits}
         for conn in list(self._procs):
             try:
                 conn.send("go")
@@ -177,19 +205,23 @@ class StartedSections:
         try:
             while self._procs:
                 for conn in wait(list(self._procs)):
-                    n, p = self._procs.pop(conn)
+                    n, p, part = self._procs.pop(conn)
                     try:
                         status, payload = conn.recv()
                     except EOFError:
                         p.join(5)
                         status, payload = "error", f"the section process exited with {p.exitcode} before reporting"
                     conn.close()
-                    if status == "ok":
-                        done[n] = payload
-                    else:
-                        failed = _single(n, "fail", f"section {n} failed in its process: {payload}", self._part(n))
-                        done[n] = failed.to_json() | {"seconds": round(time.perf_counter() - t0, 3)}
+                    if status != "ok":
+                        payload = _single(n, "fail", f"section {n} failed in its process: {payload}", part).to_json() | {
+                            "seconds": round(time.perf_counter() - t0, 3)}
                     p.join(5)
+                    if n in self.splits:
+                        parts[n][part.index] = (f"process {p.name}", payload)
+                        if len(parts[n]) < self.splits[n]:
+                            continue
+                        payload = _joined(n, parts[n], self.splits[n])
+                    done[n] = payload
                     if on_done is not None:
                         on_done([done[k] for k in self.chosen if k in done], done[n])
         finally:
@@ -200,7 +232,7 @@ class StartedSections:
         """End the section processes still alive (a run cut off, or one that never ran them); the
         caller's PyTorch threads are as they were before ``start_sections``."""
         self._give_threads_back()
-        for conn, (_, p) in list(self._procs.items()):
+        for conn, (_, p, _) in list(self._procs.items()):
             conn.close()
             if p.is_alive():  # still preparing, waiting for "go" or running: nothing of it is kept
                 p.kill()

@@ -76,7 +76,7 @@ def test_sections_started_ahead_prepare_while_the_caller_goes_on(monkeypatch, tm
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_prepared_section:run" for k in "ab"})
     monkeypatch.setenv(fake.MARKER_ENV, str(tmp_path / "prepared"))
     with start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True) as started:
-        procs = [p for _, p in started._procs.values()]
+        procs = [p for _, p, _ in started._procs.values()]
         deadline = time.time() + 60
         while len(glob.glob(str(tmp_path / "prepared.*"))) < 2:  # the caller's own work; run() not called yet
             assert time.time() < deadline, "the sections did not prepare before run()"
@@ -97,7 +97,7 @@ def test_sections_closed_before_their_turn_end_without_running(monkeypatch, tmp_
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_sections:sleepy" for k in "ab"})
     started = start_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)
-    procs = [p for _, p in started._procs.values()]
+    procs = [p for _, p, _ in started._procs.values()]
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     started.close()
     assert not any(p.is_alive() for p in procs)
@@ -125,3 +125,27 @@ def test_the_caller_leaves_a_thread_per_preparing_section_and_gets_them_back(mon
         assert torch.get_num_threads() == 8
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_unsharded_run_splits_a_section_over_processes_and_joins_its_parts(monkeypatch):
+    """``SECTION_PROCESSES``: a split section runs as parts in processes of their own (one per 4 CPUs)
+    and comes back as the unsplit section; a part whose process dies gives its failing row."""
+    from moe_fq_parity.harness import sections
+    from moe_fq_parity.harness.sections import processes
+
+    from .fake_sections import split
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"split": "tests.harness.fake_sections:split", "ok": "tests.harness.fake_sections:passing",
+                                                      "crash": "tests.harness.fake_sections:dies"})
+    monkeypatch.setattr(sections, "SPLIT_SECTIONS", frozenset({"split", "crash"}))
+    monkeypatch.setattr(sections, "SECTION_PROCESSES", {"split": 2, "crash": 2})
+    monkeypatch.setattr(processes, "cpu_share", lambda: 4)
+    assert processes.section_processes("split", None) == 1  # 4 CPUs: one process per section
+    monkeypatch.setattr(processes, "cpu_share", lambda: 8)
+    assert processes.section_processes("ok", None) == 1 and processes.section_processes("split", sections.Part(1, 2)) == 1
+    with start_sections("smoke", 1, "cpu", ["split", "ok", "crash"], parallel=True) as started:
+        assert started.splits == {"split": 2, "crash": 2}
+        out = started.run()
+    assert [s["name"] for s in out] == ["split", "ok", "crash"]
+    assert {k: v for k, v in out[0].items() if k != "seconds"} == split("smoke", 1, "cpu").to_json()
+    assert out[2]["verdict"] == "fail" and [r["id"] for r in out[2]["rows"]] == ["crash/part1of2", "crash/part2of2"]
