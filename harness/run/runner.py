@@ -179,6 +179,7 @@ def _workers(cfg: RunConfig, device: torch.device) -> int:
     process's behalf (a run inside a GPU test: its workers would wait for that lease forever)."""
     want = auto_workers(device, cfg.isolate, cfg.perf) if cfg.workers is None else cfg.workers
     if want > 1 and not cfg.isolate:
+        print(f"note: one case worker, not {want}: --in-process runs the cases in this process", file=sys.stderr)
         return 1
     if want > 1 and device.type == "cuda" and held_here():
         print(f"note: one case worker, not {want}: this process holds a lease on the GPU already", file=sys.stderr)

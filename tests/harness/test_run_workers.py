@@ -75,6 +75,8 @@ def test_worker_counts(capsys, monkeypatch):
     assert _workers(RunConfig(**{**cfg.__dict__, "workers": 3}), torch.device("cuda")) == 1
     assert "holds a lease on the GPU already" in capsys.readouterr().err
     assert _workers(RunConfig(**{**cfg.__dict__, "workers": 3}), torch.device("cpu")) == 3
+    assert _workers(RunConfig(**{**cfg.__dict__, "workers": 3, "isolate": False}), torch.device("cpu")) == 1
+    assert "--in-process runs the cases in this process" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--workers"):
         RunConfig(**{**cfg.__dict__, "workers": 0})
 
