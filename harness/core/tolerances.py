@@ -48,7 +48,8 @@ GPU_SHARE_MIB = 64
 
 RUN_GPU_SHARE_MIB = 1024
 """The case workers of ``moe-fq-parity run --workers`` (at most ``RUN_WORKERS_MAX`` of them) share a GPU
-for cases up to this many MiB, and up to 1/16 of the GPU's memory per worker where that is less (a
+(on a CPU device the host's memory) for cases up to this many MiB, and up to 1/16 of the GPU's
+memory per worker where that is less (a
 check's peak was at most 3x its case's bytes in the nightly: docs/measured.md section 12b); larger
 cases and every timing hold it alone.  Higher than ``GPU_SHARE_MIB``: pytest may run many more
 workers than a run does."""

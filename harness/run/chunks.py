@@ -19,9 +19,10 @@ from moe_fq_parity.harness.core.records import CHECKS, CheckRecord
 from moe_fq_parity.harness.core.repro import repro_command
 from moe_fq_parity.harness.core.timing import CopyCurve, curve_gbps
 
-PHASES = ("inputs", "reference", "checks", "backend_calls", "gpu_wait", "report_writes", "sections", "total")
+PHASES = ("inputs", "reference", "checks", "backend_calls", "lease_wait", "report_writes", "sections", "total")
 """Keys of ``meta.phase_s``: where a run's wall time went (``backend_calls`` is part of ``checks``;
-``gpu_wait``: case workers waiting for their GPU lease, ``run --workers``).  With several case
+``lease_wait``: case workers waiting for their lease of the GPU, or on a CPU of the host's memory,
+``run --workers``).  With several case
 workers the case phases are summed over the workers (``total`` is the wall time)."""
 
 

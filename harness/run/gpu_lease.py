@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -172,6 +173,37 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False,
             os.close(held_gate)  # closing the descriptor releases the gate
 
 
+def _lease_one(path: Path, shared: bool) -> tuple[int, float]:
+    """The lock file ``path`` locked (shared or exclusive) through its gate, waiting as ``acquire``
+    does for one GPU: ``(descriptor, seconds waited)``."""
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    start = time.monotonic()
+    held_gate: Optional[int] = None
+    try:
+        while True:
+            fd = _take(path, mode, gate_held=held_gate is not None)
+            if fd is not None:
+                return fd, time.monotonic() - start
+            if not shared and held_gate is None:
+                held_gate = _open(path.with_suffix(".gate"))
+                try:
+                    fcntl.flock(held_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(held_gate)
+                    held_gate = None
+            time.sleep(POLL_S)
+    finally:
+        if held_gate is not None:
+            os.close(held_gate)
+
+
+def acquire_host(shared: bool, directory: Optional[Path] = None) -> Lease:
+    """A lease on this host's memory (case workers of a run on a CPU device: a large case alone, as
+    on a GPU), through the same lock files and gate as the GPU leases."""
+    fd, waited = _lease_one((directory or lock_dir()) / f"host-{socket.gethostname()}.lock", shared)
+    return Lease((), [fd], waited)
+
+
 def _take(path: Path, mode: int, gate_held: bool) -> Optional[int]:
     """The lock file ``path`` locked in ``mode`` (its descriptor), taken through its gate (already held
     by the caller when ``gate_held``), or ``None`` when the gate or the lock is held elsewhere."""
@@ -197,7 +229,9 @@ def _take(path: Path, mode: int, gate_held: bool) -> Optional[int]:
 
 
 class CaseTurns:
-    """The leases of one case worker of a run with several workers on one GPU (``run --workers``).
+    """The leases of one case worker of a run with several workers on one GPU (``run --workers``),
+    or, with ``index`` None, on this host's memory (a run on a CPU device: the same rules, so large
+    cases never hold the host's memory at once and a timing runs alone).
 
     A case whose bytes are above ``share_mib`` (``shares_gpu``) holds the GPU alone from its inputs
     to its last check.  A smaller one shares it with the other workers' small cases, one lease for
@@ -206,7 +240,7 @@ class CaseTurns:
     check times the backend (``alone``) it holds the GPU alone: a timing never overlaps another
     process's work.  A small case's tensors stay allocated between its leases (at most ``share_mib``)."""
 
-    def __init__(self, index: int, share_mib: int) -> None:
+    def __init__(self, index: Optional[int], share_mib: int) -> None:
         self.index, self.share_mib = index, share_mib
         self._lease: Optional[Lease] = None
         self._shared = self.small = False
@@ -247,6 +281,6 @@ class CaseTurns:
                 return
             lease, self._lease = self._lease, None
             lease.release(allocated_here())
-        self._lease = acquire(prefer=self.index, only=True, shared=shared)
+        self._lease = acquire_host(shared) if self.index is None else acquire(prefer=self.index, only=True, shared=shared)
         self._shared = shared
         self.waited_s += self._lease.waited_s

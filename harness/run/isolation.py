@@ -64,9 +64,9 @@ class WorkerSettings:
     nan_bits: str
     threads: int
     gpu_share_mib: Optional[int] = None
-    """``None``: the worker takes no GPU lease (the run's only worker, or a pytest worker whose test
-    holds one); else it is one of a run's case workers on one CUDA device and leases it per case
-    (``gpu_lease.CaseTurns``: cases up to this many MiB share it)."""
+    """``None``: the worker takes no lease (the run's only worker, or a pytest worker whose test holds
+    one); else it is one of a run's case workers and leases its device per case, the GPU or on a CPU
+    the host's memory (``gpu_lease.CaseTurns``: cases up to this many MiB share it)."""
 
 
 def isolatable(backends: Sequence[LoadedBackend]) -> Optional[str]:
@@ -275,7 +275,7 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
         return
     watch_calls(lambda started: conn.send(("call", started)))
     held = HeldCase()
-    turns: Optional[CaseTurns] = None
+    all_turns: dict[Optional[int], CaseTurns] = {}
     conn.send(("ready", sorted(FORMATS)))
     while True:
         try:
@@ -286,22 +286,24 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
             return
         case, device, group_specs, checks, keep = job
         phases = dict.fromkeys(PHASES, 0.0)
-        cuda = torch.device(device).type == "cuda"
-        if cuda and settings.gpu_share_mib is not None and turns is None:
-            index = torch.device(device).index
-            turns = CaseTurns(torch.cuda.current_device() if index is None else index, settings.gpu_share_mib)
+        dev = torch.device(device)
+        cuda = dev.type == "cuda"
+        turns: Optional[CaseTurns] = None
+        if settings.gpu_share_mib is not None:  # one of several case workers: lease the GPU (or the host) per case
+            index = (torch.cuda.current_device() if dev.index is None else dev.index) if cuda else None
+            turns = all_turns.get(index) or all_turns.setdefault(index, CaseTurns(index, settings.gpu_share_mib))
 
         def begin(b: LoadedBackend, chunk: tuple[str, ...]) -> None:
-            if turns is not None and cuda:
+            if turns is not None:
                 turns.chunk()
             conn.send(("begin", (b.spec, chunk)))
 
-        waited = turns.waited_s if turns is not None else 0.0
-        if turns is not None and cuda:
+        if turns is not None:
+            waited = turns.waited_s
             turns.start(case)
         try:
             for recs in case_chunks(settings, case, device, [loaded[s] for s in group_specs], checks, curve, phases, begin, held, keep,
-                                    turns.alone if turns is not None and cuda else None):
+                                    turns.alone if turns is not None else None):
                 lost = _cuda_lost() if cuda else None
                 if lost is not None:  # the check that lost it fails as a crash; the parent starts a fresh worker
                     recs = [replace(r, verdict="fail", outcome="crash", message=f"the CUDA context is lost after this check ({lost}); {r.message}")
@@ -311,10 +313,10 @@ def _worker_main(conn: Any, specs: Sequence[str], settings: WorkerSettings, curv
                     conn.send(("lost", lost))
                     return
         finally:
-            if turns is not None and cuda:
+            if turns is not None:
                 turns.end()
         if turns is not None:
-            phases["gpu_wait"] += turns.waited_s - waited
+            phases["lease_wait"] += turns.waited_s - waited
         conn.send(("done", {k: v for k, v in phases.items() if k in PHASES}))
 
 

@@ -112,10 +112,12 @@ def _later(fn) -> tuple[threading.Thread, list]:
     return t, done
 
 
-def test_small_cases_share_the_gpu_and_a_large_case_or_a_timing_holds_it_alone(one_fake_gpu):
+@pytest.mark.parametrize("index", [0, None], ids=["gpu", "host"])
+def test_small_cases_share_the_gpu_and_a_large_case_or_a_timing_holds_it_alone(one_fake_gpu, index):
+    """On a (fake) GPU, and with ``index`` None on the host's memory (case workers on a CPU device)."""
     small, large = parse_case(SMALL[0]), parse_case("int8.cuda/per_expert/stacked/N32/5120x8192/normal/s0")
     assert gpu_lease.shares_gpu(small) and not gpu_lease.shares_gpu(large)
-    a, b, c = (gpu_lease.CaseTurns(0, 64) for _ in range(3))
+    a, b, c = (gpu_lease.CaseTurns(index, 64) for _ in range(3))
     a.start(small)
     b.start(small)  # held at once: this returns
     t, large_done = _later(lambda: c.start(large))
