@@ -126,8 +126,8 @@ docs/measured.md §13; ``dist``'s gloo ranks are CPU work, and shards on one hos
 SECTION_PROCESSES: dict[str, int] = {"moe": 3}
 """An unsharded run whose sections each get a process gives these sections up to this many, each a
 part (``Part(i, k)``), one per ``PARALLEL_MIN_CPUS`` CPUs; their rows are joined as ``merge`` joins a
-sharded run's parts.  ``moe`` drives the GPU from one busy Python thread after the cases (47.7 s of a
-313 s nightly on one H100: docs/measured.md section 12b)."""
+sharded run's parts.  ``moe`` drives the GPU from one busy Python thread after the cases, on the
+nightly's critical path (docs/measured.md section 12b)."""
 
 
 def _single(name: str, verdict: str, message: str, part: Optional[Part] = None) -> Section:
