@@ -27,8 +27,8 @@ import socket
 import sys
 import tempfile
 import time
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -151,17 +151,26 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False,
         torch.cuda.set_device(0)
         return Lease(range(count), fds, time.monotonic() - start)
     order = [prefer] if only else [(prefer + k) % count for k in range(count)]
+    k, fd, waited = _wait_for([paths[i] for i in order], shared)
+    torch.cuda.set_device(order[k])
+    return Lease([order[k]], [fd], waited)
+
+
+def _wait_for(paths: Sequence[Path], shared: bool) -> tuple[int, int, float]:
+    """The first of the lock files ``paths`` free to lock (shared or exclusive), each taken through its
+    gate, waiting until one is: ``(its position in paths, descriptor, seconds waited)``.  An exclusive
+    lease that found none free keeps the first path's gate while it waits."""
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    held_gate: Optional[int] = None  # an exclusive lease that found no free GPU keeps its preferred GPU's gate
+    start = time.monotonic()
+    held_gate: Optional[int] = None
     try:
         while True:
-            for i in order:
-                fd = _take(paths[i], mode, gate_held=held_gate is not None and i == order[0])
+            for k, path in enumerate(paths):
+                fd = _take(path, mode, gate_held=held_gate is not None and k == 0)
                 if fd is not None:
-                    torch.cuda.set_device(i)
-                    return Lease([i], [fd], time.monotonic() - start)
+                    return k, fd, time.monotonic() - start
             if not shared and held_gate is None:
-                held_gate = _open(paths[order[0]].with_suffix(".gate"))
+                held_gate = _open(paths[0].with_suffix(".gate"))
                 try:
                     fcntl.flock(held_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:  # another lease is next there: try again next round
@@ -173,34 +182,10 @@ def acquire(*, all_devices: bool = False, prefer: int = 0, shared: bool = False,
             os.close(held_gate)  # closing the descriptor releases the gate
 
 
-def _lease_one(path: Path, shared: bool) -> tuple[int, float]:
-    """The lock file ``path`` locked (shared or exclusive) through its gate, waiting as ``acquire``
-    does for one GPU: ``(descriptor, seconds waited)``."""
-    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    start = time.monotonic()
-    held_gate: Optional[int] = None
-    try:
-        while True:
-            fd = _take(path, mode, gate_held=held_gate is not None)
-            if fd is not None:
-                return fd, time.monotonic() - start
-            if not shared and held_gate is None:
-                held_gate = _open(path.with_suffix(".gate"))
-                try:
-                    fcntl.flock(held_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(held_gate)
-                    held_gate = None
-            time.sleep(POLL_S)
-    finally:
-        if held_gate is not None:
-            os.close(held_gate)
-
-
 def acquire_host(shared: bool, directory: Optional[Path] = None) -> Lease:
     """A lease on this host's memory (case workers of a run on a CPU device: a large case alone, as
     on a GPU), through the same lock files and gate as the GPU leases."""
-    fd, waited = _lease_one((directory or lock_dir()) / f"host-{socket.gethostname()}.lock", shared)
+    _, fd, waited = _wait_for([(directory or lock_dir()) / f"host-{socket.gethostname()}.lock"], shared)
     return Lease((), [fd], waited)
 
 

@@ -9,9 +9,9 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from queue import Queue
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from queue import Queue
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -143,11 +143,11 @@ class RunConfig:
     crashes or hangs gives ``crash``/``timeout`` records and the run goes on; ``False`` (``run
     --in-process``): in this process, for debugging."""
     workers: Optional[int] = 1
-    """Case workers (``run --workers``; ``None``: ``auto_workers``): with more than one (isolated runs only), that many worker
-    processes take the cases in turn; on a CUDA device they lease it per case
-    (``gpu_lease.CaseTurns``: cases up to ``run_share_mib`` share it, larger cases and timings hold
-    it alone).  The
-    records are written in case order whatever order the cases finish in."""
+    """Case workers (``run --workers``; ``None``: ``auto_workers``): with more than one (isolated runs
+    only), that many worker processes take the cases in turn and lease their device per case, the
+    GPU or on a CPU the host's memory (``gpu_lease.CaseTurns``: cases up to ``run_share_mib`` share
+    it, larger cases and timings hold it alone).  The records are written in case order whatever
+    order the cases finish in."""
 
     def __post_init__(self) -> None:
         validate_config(self.checks, self.sections, self.timeout_s, self.nan_bits, self.mode)

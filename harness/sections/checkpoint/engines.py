@@ -96,7 +96,7 @@ class DcpEngine:
         state = {s.key: to_dtensor(s, ctx) for s in specs}
         try:
             # torch logs each metadata file it cannot read as a warning with its traceback before it
-            # falls back or fails (15 tracebacks from the bad-checkpoint rows of one run); the failure
+            # falls back or fails (the bad-checkpoint rows read such files on purpose); the failure
             # itself is ours to report (dcp_failure)
             with quiet_upstream("torch.distributed.checkpoint"):
                 dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
