@@ -69,11 +69,13 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
         cubin.write_bytes(compiled.asm["cubin"])
         tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
         dump = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
     sass = [m.group(1) for m in map(_SASS_LINE.match, dump.splitlines()) if m]
+    regs = re.search(r"\bREG:(\d+)", usage)
     per_thread = kw["BR"] * kw["BC"] * kw["TPP"] / (warps * 32)
     return {"column": bf.key, "check": check, "arch": arch, "tile": [kw["BR"], kw["BC"]], "tiles_per_program": kw["TPP"], "warps": warps,
             "shape_tiled": list(used[0]), "elements_per_thread": per_thread, "ptx": len(ptx), "sass": len(sass),
-            "sass_per_element": round(len(sass) / per_thread, 2), "registers": int(getattr(compiled, "n_regs", 0) or 0) or None,
+            "sass_per_element": round(len(sass) / per_thread, 2), "registers": int(regs.group(1)) if regs else None,
             "ptx_top": _ops(ptx).most_common(12), "sass_top": Counter(sass).most_common(16)}
 
 
@@ -93,13 +95,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: --columns: unknown {unknown}; known: {', '.join(b.key for b in FORMATS)}", file=sys.stderr)
         return 2
     rows = []
-    print(f"{'column':16s} {'tile':>9s} {'warps':>5s} {'elem/thr':>8s} {'PTX':>5s} {'SASS':>5s} {'SASS/elem':>9s}")
+    print(f"{'column':16s} {'tile':>9s} {'warps':>5s} {'elem/thr':>8s} {'regs':>4s} {'PTX':>5s} {'SASS':>5s} {'SASS/elem':>9s}")
     for bf in FORMATS:
         if wanted and bf.key not in wanted:
             continue
         r = compile_column(bf, args.arch, args.check)
         rows.append(r)
-        print(f"{bf.key:16s} {r['tile'][0]:>4d}x{r['tile'][1]:<4d} {r['warps']:>5d} {r['elements_per_thread']:>8.0f} {r['ptx']:>5d} {r['sass']:>5d} "
+        print(f"{bf.key:16s} {r['tile'][0]:>4d}x{r['tile'][1]:<4d} {r['warps']:>5d} {r['elements_per_thread']:>8.0f} {r['registers'] or 0:>4d} "
+              f"{r['ptx']:>5d} {r['sass']:>5d} "
               f"{r['sass_per_element']:>9.2f}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -31,6 +31,7 @@ def test_int8_column_compiles_offline_and_its_checks_cost_instructions(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _, (on,) = _profile(tmp_path, "--columns", "int8", "--check")
     assert off["elements_per_thread"] == 16 and off["shape_tiled"][1] % 16 == 0
+    assert 16 <= off["registers"] <= 255  # ptxas's count, as the device reports it (32 for this launch with Triton 3.6 on an H100)
     assert 0 < off["ptx"] < on["ptx"] and 0 < off["sass"] < on["sass"]  # the checked launch flags bad amax and inputs
     assert dict(off["sass_top"]).get("FMUL", 0) >= 3 * 16  # x*s, q*r2 and *256 per element
     assert "int8" in proc.stdout and str(off["sass"]) in proc.stdout
