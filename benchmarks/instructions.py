@@ -7,8 +7,8 @@ warps, tiles per program, 16-byte aligned pointers and row lengths), then its PT
 Needs Triton's NVIDIA back end (its bundled ``ptxas`` and ``cuobjdump``); no GPU, no CUDA driver.
 The counts are static (a rarely taken branch counts as much as the hot loop) and per program; "per
 element" divides by the elements a thread handles.  The compiled launch assumes what a GPU of
-compute capability 8.0 or later has: an exact fused multiply-add and the hardware bf16 conversion
-(``kernels/env.py`` checks both on the device itself).  The L2-resident ceilings, which these
+compute capability 8.0 or later has: an exact fused multiply-add and the hardware bf16 conversion,
+and from 8.9 on the hardware E4M3 conversion (``kernels/env.py`` checks each on the device itself).  The L2-resident ceilings, which these
 counts explain, are measured on the GPU by ``bench --profile``.
 """
 
@@ -51,7 +51,7 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
     _, n, shape = PRODUCTION
     spec = parse_spec(bf.fmt, None, bf.options)
     _, kw, used = launch.stacked_fwd_plan([shape] * n, torch.bfloat16, torch.device("cpu"), spec, False, check, launch.FWD_CONFIG[spec.code],
-                                          facts=(True, True))  # a GPU's (see the module docstring)
+                                          facts=(True, True, arch >= 89))  # a GPU's (see the module docstring)
     kw.update(amax_se=1, amax_sr=0)  # one amax per expert
     warps = kw.pop("num_warps")
     kw.pop("enable_fp_fusion")

@@ -94,3 +94,18 @@ def hw_bf16_rne(device: torch.device) -> bool:
     if device.type != "cuda" or interpret_mode():
         return False
     return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def hw_e4m3_rne(device: torch.device) -> bool:
+    """Does fp32 -> E4M3 ``.to(tl.float8e4nv)`` round to nearest even, saturating, in hardware?
+
+    On CUDA devices of compute capability 8.9 and later (``cvt.rn.satfinite.e4m3x2.f32``: two
+    elements per instruction, finite values above 448 and infinities to 448, NaN to NaN).  Not
+    under Triton's interpreter, whose fp8 casts drop carries (``docs/measured.md`` section 1), nor
+    on older GPUs: there the kernels round with ``tl_rounding.round_mag_e4m3``.  Both give the
+    same bits on ``[0, 448]``.
+    """
+    if device.type != "cuda" or interpret_mode():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)

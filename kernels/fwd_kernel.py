@@ -60,24 +60,28 @@ from .formats import (
     FMT_MXFP8,
     FMT_NVFP4,
     FP32_MAX,
+    IO_BF16,
     IO_FP32,
-    NVFP4_BLOCK,
     NVFP4_GLOBAL_SCALE_NUM,
     TINY_AMAX,
 )
-from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_count
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_aligned, tile_count
 from .tl_rounding import (
     bits_to_f32,
     div_rn_normal,
     div_rn_pos,
     f32_to_bits,
-    inf_bits,
+    INF_BITS,
     int_dequant_magnitude,
+    io_magnitude_bits,
+    io_magnitude_to_f32_bits,
     magnitude_bits,
-    magnitude_bits_to_f32,
+    recip_subnormal,
+    out_bits,
     rne_integer_magnitude,
     round_mag_e2m1,
     round_mag_e4m3,
+    round_sat_e4m3,
 )
 
 _FMT_INT = tl.constexpr(FMT_INT)
@@ -89,13 +93,13 @@ _FMT_MXFP8 = tl.constexpr(FMT_MXFP8)
 _FMT_MXFP4 = tl.constexpr(FMT_MXFP4)
 _FROM_DATA = tl.constexpr(FIRST_FROM_DATA)
 _E2M1_MAX = tl.constexpr(E2M1_MAX)
+_IO_BF16 = tl.constexpr(IO_BF16)
 _IO_FP32 = tl.constexpr(IO_FP32)
 _TINY = tl.constexpr(TINY_AMAX)
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
 _FMAX = tl.constexpr(FP32_MAX)
 _SIXTH = tl.constexpr(0.1666666716337204)  # RN_fp32(1/6) = 0x3E2AAAAB, what torch.reciprocal(6.0) gives
-_NVB = tl.constexpr(NVFP4_BLOCK)
 _TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to here
 
 
@@ -184,9 +188,9 @@ def _fp8_scales(a, INT_DIV: tl.constexpr):
 
 
 @triton.jit
-def _fp8_magnitude(xs, inv):
+def _fp8_magnitude(xs, inv, HW_E4M3: tl.constexpr):
     """``|RN(e4m3(RN(x*s)) * inv)|`` (e4m3 saturating at 448) from ``xs = |x| * s``."""
-    return round_mag_e4m3(tl.minimum(xs, _E4M3_MAX)) * inv
+    return round_sat_e4m3(xs, HW_E4M3) * inv
 
 
 @triton.jit
@@ -224,13 +228,13 @@ def _recip(d, BLOCK_RECIP_INT: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_magnitude(x, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
+def _nvfp4_magnitude(ax, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
     """NVFP4 "te" steps 5-9 on a ``[BR, NB, 16]`` tile (zero-padded short blocks), as magnitudes,
     given the block max ``vmax`` ``[BR, NB, 1]``: ds8 = e4m3(RN(vmax*mult));
     es = min(RN(1/RN(ds8*gd)), FP32_MAX); q = e2m1(min(RN(|x|*es), 6)); y = RN(RN(q*ds8)*gd)."""
     ds8 = round_mag_e4m3(tl.minimum(vmax * mult, _E4M3_MAX))
     es = tl.minimum(_recip(ds8 * gd, BLOCK_RECIP_INT), _FMAX)
-    q = round_mag_e2m1(tl.minimum(tl.abs(x) * es, 6.0))
+    q = round_mag_e2m1(tl.minimum(ax * es, 6.0))
     return (q * ds8) * gd
 
 
@@ -244,7 +248,7 @@ def _int4g_magnitude(x, A, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.c
 
 
 @triton.jit
-def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr):
+def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr, EXACT_FMA: tl.constexpr):
     """FP8 block-wise "te" steps 2-6 of block amax ``A``: ``(s, inv)``.
 
     ``s = RN(448/A)`` (``A = 0`` -> inf, inf -> 0, NaN -> NaN), ``FP32_MAX`` where inf.  pow2 (default):
@@ -252,18 +256,16 @@ def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr):
     NaN -> ``2**-1``, ``A = 0`` -> 1, and ``inv = 2**-k`` is written from the bits (exact, ``2**-127``
     subnormal for ``s = 2**127``, inf for ``s = 0``).  ``FP32_SCALE``: ``s`` unchanged (1 where
     ``A = 0``), ``inv = RN(1/s)``: the back end's IEEE division where ``s <= 2**126`` (``s`` and the
-    quotient normal, so a flush-to-zero division agrees), the integer division (``div_rn_pos``) in
-    a tile holding a block with a larger ``s`` (its quotient subnormal) or with ``INT_DIV``."""
+    quotient normal, so a flush-to-zero division agrees), ``tl_rounding.recip_subnormal`` for a
+    larger ``s`` (its quotient subnormal), the integer division (``div_rn_pos``) with ``INT_DIV``."""
     s = div_rn_normal(tl.zeros_like(A) + _E4M3_MAX, A, INT_DIV)  # A >= 2**-126 or the quotient overflows
     s = tl.where(s > _FMAX, _FMAX, s)
     if FP32_SCALE:
         s = tl.where(A == 0.0, 1.0, s)
         if INT_DIV:
             inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
-        else:
-            inv = tl.math.div_rn(tl.zeros_like(s) + 1.0, s)  # s in [448/FP32_MAX, 2**126]: operand and quotient normal
-            if tl.max(tl.where(s > _TWO126, 1, 0)) > 0:  # a block with 1/s subnormal (0 < amax < 448 * 2**-126): rare
-                inv = tl.where(s > _TWO126, div_rn_pos(tl.zeros_like(s) + 1.0, s), inv)
+        else:  # s in [448/FP32_MAX, 2**126]: operand and quotient normal; above (0 < amax < 448 * 2**-126) subnormal
+            inv = tl.where(s > _TWO126, recip_subnormal(s, EXACT_FMA), tl.math.div_rn(tl.zeros_like(s) + 1.0, s))
     else:
         sb = s.to(tl.int32, bitcast=True) & 0x7F800000
         sb = tl.where(s != s, 0x3F000000, sb)
@@ -290,50 +292,51 @@ def _mx_scales(A, EMAX: tl.constexpr):
 
 
 @triton.jit
-def _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
-                    IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, INT_DIV: tl.constexpr):
+def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
+                    IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
+                    INT_DIV: tl.constexpr):
     """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, R, NB, block]`` for
     square blocks; partial blocks zero-padded) for a format whose scales come from the data, given
     ``bmax``, the block max of ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
     the block amax ``A`` and its element rounding on magnitudes, the input's sign OR-ed back (INT4
     zero blocks: +0)."""
-    A = magnitude_bits_to_f32(bmax, IO)
-    x = bits_to_f32(bits, IO)
+    A = bmax.to(tl.float32, bitcast=True)
+    ax = mag.to(tl.float32, bitcast=True)  # |x|
     if FMT == _FMT_INT4G:
-        bad = bmax >= inf_bits(IO)  # NaN or inf in the block: no INT scale (the reference raises)
+        bad = bmax >= INF_BITS  # NaN or inf in the block: no INT scale (the reference raises)
         if CHECK:
             _flag_each(flag_ptr, 5, bad)
         y, zero = _int4g_magnitude(x, A, LO, QMAX, EXACT_FMA, INT_DIV)
         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-        return f32_to_bits(y, bits & smask, bad, nan_all, IO, HW_BF16)
+        return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16)
     elif FMT == _FMT_MXFP8:
         inv, dec = _mx_scales(A, 8)
-        v = tl.abs(x) * inv
-        return f32_to_bits(round_mag_e4m3(tl.minimum(v, _E4M3_MAX)) * dec, bits & sign_all, v != v, nan_all, IO, HW_BF16)
+        v = ax * inv
+        return out_bits(round_sat_e4m3(v, HW_E4M3) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16)
     elif FMT == _FMT_MXFP4:
         inv, dec = _mx_scales(A, 2)
-        v = tl.abs(x) * inv
-        return f32_to_bits(round_mag_e2m1(tl.minimum(v, _E2M1_MAX)) * dec, bits & sign_all, v != v, nan_all, IO, HW_BF16)
+        v = ax * inv
+        return out_bits(round_mag_e2m1(tl.minimum(v, _E2M1_MAX)) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16)
     else:
-        s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV)
-        v = tl.abs(x) * s
-        y = round_mag_e4m3(tl.minimum(v, _E4M3_MAX)) * inv  # 0 * inf (a block holding inf) is NaN
-        return f32_to_bits(y, bits & sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16)
+        s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV, EXACT_FMA)
+        v = ax * s
+        y = round_sat_e4m3(v, HW_E4M3) * inv  # 0 * inf (a block holding inf) is NaN
+        return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16)
 
 
 @triton.jit
-def _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
+def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
                 HW_BF16: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
     """NVFP4 output bits of a tile of input ``bits`` given ``bmax``, its block max of
     ``magnitude_bits`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
     ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
-    block_nan = bmax > inf_bits(IO)
-    y = _nvfp4_magnitude(bits_to_f32(bits, IO), magnitude_bits_to_f32(bmax, IO), gd, mult, BLOCK_RECIP_INT)
+    block_nan = bmax > INF_BITS
+    y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT)
     if CHECK:
         _flag_each(flag_ptr, 4, block_nan)
-        return f32_to_bits(y, bits & sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
+        return out_bits(y, x, bits, sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
     else:
-        return f32_to_bits(y, bits & sign_all, block_nan, nan_all, IO, HW_BF16)
+        return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16)
 
 
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
@@ -361,9 +364,11 @@ def fake_quant_fwd_kernel(
     VEC: tl.constexpr,
     EXACT_FMA: tl.constexpr,
     HW_BF16: tl.constexpr,
+    HW_E4M3: tl.constexpr,
     BLOCK_RECIP_INT: tl.constexpr,
     INT_DIV: tl.constexpr,
     FLAT: tl.constexpr,
+    ALIGNED: tl.constexpr,
     BLOCK: tl.constexpr,
     TILE_R: tl.constexpr,
     BR: tl.constexpr,
@@ -398,6 +403,7 @@ def fake_quant_fwd_kernel(
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                 s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
+                zero_out = zero & (_bad_amax(a) == 0) if CHECK else zero  # a bad amax writes NaN instead
         elif FMT == _FMT_FP8:
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
@@ -408,24 +414,39 @@ def fake_quant_fwd_kernel(
                 if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
                     tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(tl.max(magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=1, keep_dims=True)
+                    bmax = tl.max(tl.max(io_magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=1, keep_dims=True)
+                    bmax = io_magnitude_to_f32_bits(bmax, IO)
+                    x = bits_to_f32(bits, IO)
+                    mag = magnitude_bits(x)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
                     else:
-                        out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
-                elif FMT >= _FROM_DATA:
-                    tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, BLOCK)
-                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
-                    out = _from_data_tile(bits, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, INT_DIV)
-                elif FMT == _FMT_NVFP4:
-                    tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, _NVB)
-                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(magnitude_bits(bits, IO), axis=2, keep_dims=True)
-                    out = _nvfp4_tile(bits, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                        out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
+                                              HW_E4M3, INT_DIV)
+                elif FMT >= _FROM_DATA or FMT == _FMT_NVFP4:  # blocks of BLOCK along the row
+                    if ALIGNED:
+                        tile0, offs = tile_aligned(t, BC, BLOCK)
+                        mask = None
+                        bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
+                    else:
+                        tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, BLOCK)
+                        bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    x = bits_to_f32(bits, IO)
+                    mag = magnitude_bits(x)
+                    bmax = tl.max(mag, axis=2, keep_dims=True)
+                    if FMT == _FMT_NVFP4:
+                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                    else:
+                        out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
+                                              HW_E4M3, INT_DIV)
                 else:
-                    tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
-                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                    if ALIGNED:  # per expert only (per channel needs the row of each element)
+                        tile0, offs = tile_aligned(t, BC, 0)
+                        mask = None
+                        bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
+                    else:
+                        tile0, offs, r, rmask, mask = tile_2d(t, n_tc, rows, cols, BR, BC)
+                        bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
                     x = bits_to_f32(bits, IO)
                     if FMT == _FMT_INT:
                         if PER_CHANNEL:
@@ -433,12 +454,21 @@ def fake_quant_fwd_kernel(
                             s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                             s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
                         xs = x * s  # NaN exactly where x is NaN (s > 0 finite), everywhere for a poisoned s
-                        y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
-                        smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-                        out = f32_to_bits(y, bits & smask, xs != xs, nanb, IO, HW_BF16)
+                        if HW_BF16 and IO == _IO_BF16 and not PER_CHANNEL:
+                            if zero_out:  # the expert writes +0 (one branch per tile, not a select per element)
+                                out = tl.zeros(bits.shape, tl.int16)
+                            else:
+                                out = out_bits(_int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA), x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
+                        else:
+                            y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
+                            smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
+                            out = f32_to_bits(y, bits & smask, xs != xs, nanb, IO, HW_BF16)
                         if CHECK:
                             if UNSIGNED:
-                                _flag_each(flag_ptr, 3, (x < 0.0) & mask)
+                                neg = x < 0.0
+                                if not ALIGNED:
+                                    neg = neg & mask
+                                _flag_each(flag_ptr, 3, neg)
                                 out = tl.where(x < 0.0, nan_all, out)
                     else:
                         if PER_CHANNEL:
@@ -446,5 +476,5 @@ def fake_quant_fwd_kernel(
                             s, inv = _fp8_scales(a, INT_DIV)
                             s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
                         xs = tl.abs(x) * s
-                        out = f32_to_bits(_fp8_magnitude(xs, inv), bits & sign_all, xs != xs, nanb, IO, HW_BF16)
+                        out = out_bits(_fp8_magnitude(xs, inv, HW_E4M3), x, bits, sign_all, xs != xs, nanb, IO, HW_BF16)
                 tl.store(yb + tile0 + offs, out, mask=mask)

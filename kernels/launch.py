@@ -39,6 +39,9 @@ class KernelConfig:
     num_warps: int
     max_waste: float = 0.03
     max_bc: int = 2048
+    hw_e4m3: bool = True
+    """E4M3 rounding by the hardware's conversion where the device has one (``env.hw_e4m3_rne``;
+    the same bits as the integer rounding of ``tl_rounding.round_mag_e4m3``)."""
     nvfp4_int_recip: bool = True
     """NVFP4 block reciprocal ``RN(1/d)``: integer ``div_rn_pos`` (True) or ``tl.math.div_rn``."""
     scalar_int_div: bool = False
@@ -146,10 +149,10 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 
 def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, per_channel: bool, check: bool, cfg: KernelConfig,
-                    facts: Optional[tuple[bool, bool]] = None) -> dict:
-    """The forward's compile-time arguments; ``facts``: ``(EXACT_FMA, HW_BF16)`` when known without
-    probing ``device`` (``kernels/env.py``), e.g. compiling for a GPU that is not here."""
-    exact_fma, hw_bf16 = facts if facts is not None else (env.exact_fma(device.type), env.hw_bf16_rne(device))
+                    facts: Optional[tuple[bool, bool, bool]] = None) -> dict:
+    """The forward's compile-time arguments; ``facts``: ``(EXACT_FMA, HW_BF16, HW_E4M3)`` when known
+    without probing ``device`` (``kernels/env.py``), e.g. compiling for a GPU that is not here."""
+    exact_fma, hw_bf16, hw_e4m3 = facts if facts is not None else (env.exact_fma(device.type), env.hw_bf16_rne(device), env.hw_e4m3_rne(device))
     return dict(
         FMT=spec.code,
         LO=spec.lo,
@@ -160,11 +163,20 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, p
         UNSIGNED=spec.unsigned,
         EXACT_FMA=exact_fma,
         HW_BF16=hw_bf16,
+        HW_E4M3=hw_e4m3 and cfg.hw_e4m3,
         BLOCK_RECIP_INT=cfg.nvfp4_int_recip,
         INT_DIV=cfg.scalar_int_div,
         BLOCK=spec.block,
         TILE_R=spec.tile_rows,
     )
+
+
+def row_aligned(shapes: Sequence[tuple[int, int]], tile: TileShape, spec: QuantSpec, per_channel: bool) -> bool:
+    """The forward's ``ALIGNED``: one-row tiles, every non-empty tiled row a multiple of the tile
+    width (so tile ``t`` of an expert starts at element ``t * BC`` and is whole), amax per expert
+    (per channel needs each element's row), no square blocks."""
+    return (tile.br == 1 and spec.tile_rows == 1 and not per_channel
+            and all(c % tile.bc == 0 for r, c in shapes if r and c))  # fmt: skip
 
 
 def _launch_opts(tile: TileShape) -> dict:
@@ -255,7 +267,8 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
         whole_blocks = not spec.block or all(c % spec.block == 0 for r, c in table.shapes if r and c)
         flat = 0 if per_channel or not whole_blocks or spec.tile_rows > 1 else table.flat
         use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
-        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))
+        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=row_aligned(shapes, tile, spec, per_channel),
+                  **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))  # fmt: skip
         plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
 
@@ -313,13 +326,13 @@ def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, 
 
 
 def stacked_fwd_plan(shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device, spec: QuantSpec, per_channel: bool,
-                     check: bool, cfg: KernelConfig, facts: Optional[tuple[bool, bool]] = None) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
+                     check: bool, cfg: KernelConfig, facts: Optional[tuple[bool, bool, bool]] = None) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
     """``(grid, launch keywords, shapes tiled)`` of a stacked forward over ``shapes`` (the flat view
     where the elements do not depend on their row), for a 16-byte aligned input; ``facts``: as
     ``_fwd_constexprs``."""
     keeps_rows = per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
     _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
-    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False,
+    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False, ALIGNED=row_aligned(used, tile, spec, per_channel),
               **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile))  # fmt: skip
     return grid_for(used, tile), kw, used
 

@@ -71,6 +71,19 @@ def tile_2d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr):
+    """Tile ``t`` of an expert whose tiled rows are multiples of ``BC`` long, in one-row tiles
+    (``ALIGNED``, host-checked): it starts at element ``t * BC`` and is whole, so it needs no
+    row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or
+    ``[1, BC // B, B]`` (blocks of ``B`` along the row)."""
+    tile0 = t.to(tl.int64) * BC
+    if B == 0:
+        return tile0, tl.arange(0, BC)[None, :]
+    else:
+        return tile0, tl.arange(0, BC // B)[None, :, None] * B + tl.arange(0, B)[None, None, :]
+
+
+@triton.jit
 def tile_3d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, B: tl.constexpr):
     """Tile ``t`` as ``[BR, BC // B, B]`` (blocks of ``B`` along the row): ``(tile0, offs, mask)``;
     a short last block of a row is masked (its padding loads as zero)."""

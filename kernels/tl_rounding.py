@@ -57,6 +57,18 @@ def round_mag_e4m3(c):
 
 
 @triton.jit
+def round_sat_e4m3(c, HW_E4M3: tl.constexpr):
+    """``c >= 0`` (or NaN) -> nearest E4M3 magnitude of ``min(c, 448)`` as fp32, ties to even.
+    ``HW_E4M3`` (``env.hw_e4m3_rne``): the hardware's saturating conversion there and back
+    (``cvt.rn.satfinite.e4m3x2.f32``, two elements per instruction; NaN stays NaN), else
+    ``round_mag_e4m3`` (NaN gives 448).  Callers write their NaN pattern where ``c`` is NaN."""
+    if HW_E4M3:
+        return c.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        return round_mag_e4m3(tl.minimum(c, 448.0))
+
+
+@triton.jit
 def round_mag_e2m1(c):
     """``c`` in [0, 6] -> nearest E2M1 magnitude {0,.5,1,1.5,2,3,4,6}, ties to even (m = 1, emin = 0)."""
     return _round_mag_minifloat(c, 127 << 23, 22 << 23)
@@ -74,10 +86,24 @@ def bits_to_f32(bits, IO: tl.constexpr):
 
 
 @triton.jit
-def magnitude_bits(bits, IO: tl.constexpr):
-    """``|x|`` as an int32 whose order is the float order: the bits with the sign cleared.  NaN
-    orders above +inf (``> INF_BITS``), so one integer max gives both a block's max|x| and whether
-    the block holds a NaN, the same way on every back end (float max differs on NaN)."""
+def magnitude_bits(x):
+    """``|x|`` of fp32 ``x`` as an int32 whose order is the float order: its bits with the sign
+    cleared (bitcast back, they are ``|x|``).  NaN orders above +inf (``> INF_BITS``), so one integer
+    max gives both a block's max|x| and whether the block holds a NaN, the same way on every back
+    end (float max differs on NaN)."""
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+INF_BITS = tl.constexpr(0x7F800000)
+"""``magnitude_bits(+inf)``: a larger value is a NaN."""
+
+
+@triton.jit
+def io_magnitude_bits(bits, IO: tl.constexpr):
+    """``magnitude_bits`` of the input taken on the raw input ``bits`` (int16 for bf16/fp16):
+    the same order, at the input's width (``io_magnitude_to_f32_bits`` maps it to
+    ``magnitude_bits``).  For a block max that crosses warps: only the 16-bit input stays live
+    across the reduction, the fp32 values are formed after it."""
     if IO == _IO_FP32:
         return bits & 0x7FFFFFFF
     else:
@@ -85,25 +111,14 @@ def magnitude_bits(bits, IO: tl.constexpr):
 
 
 @triton.jit
-def magnitude_bits_to_f32(mbits, IO: tl.constexpr):
-    """Inverse of ``magnitude_bits`` (exact)."""
+def io_magnitude_to_f32_bits(m, IO: tl.constexpr):
+    """``io_magnitude_bits`` -> ``magnitude_bits`` of the same value (exact)."""
     if IO == _IO_BF16:
-        return (mbits << 16).to(tl.float32, bitcast=True)
+        return m << 16
     elif IO == _IO_FP16:
-        return mbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return m.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
     else:
-        return mbits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def inf_bits(IO: tl.constexpr):
-    """``magnitude_bits(+inf)``: a larger value is a NaN."""
-    if IO == _IO_BF16:
-        return 0x7F80
-    elif IO == _IO_FP16:
-        return 0x7C00
-    else:
-        return 0x7F800000
+        return m
 
 
 @triton.jit
@@ -131,6 +146,27 @@ def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.cons
     else:
         r = ymag.to(tl.int32, bitcast=True) | sign
     return tl.where(is_nan, nan_bits, r)
+
+
+@triton.jit
+def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.constexpr):
+    """Output bits of a format's fp32 magnitude ``ymag`` (>= 0) for input ``bits`` (fp32 value
+    ``x``): ``ymag`` rounded to the IO dtype with the input's sign where ``smask`` (the IO width's
+    sign mask, or 0 where the format drops the sign) keeps it, ``nan_bits`` where ``is_nan``.
+
+    bf16 on a GPU (``HW_BF16``; ``nan_bits`` is then the canonical ``0x7FFF``): all in fp32 before
+    one paired ``cvt.rn.bf16.f32``: the sign OR-ed into the fp32 bits, ``0x7FFFFFFF`` where
+    ``is_nan`` (it converts to ``0x7FFF`` whether the conversion keeps or canonicalises a NaN's
+    payload).  The same bits as ``f32_to_bits`` (a sign OR-ed before or after a round to nearest
+    even of the magnitude gives the same bits), in about half the instructions: no 16-bit halves
+    taken out of and put back into 32-bit registers.  Elsewhere ``f32_to_bits``."""
+    if IO == _IO_BF16 and HW_BF16:
+        s32 = smask.to(tl.int32) << 16
+        z = (ymag.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & s32)).to(tl.float32, bitcast=True)
+        z = tl.where(is_nan, tl.full([], 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True), z)
+        return z.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+    else:
+        return f32_to_bits(ymag, bits & smask, is_nan, nan_bits, IO, HW_BF16)
 
 
 @triton.jit
@@ -198,6 +234,33 @@ def div_rn_normal(a, b, INT_DIV: tl.constexpr):
         return div_rn_pos(a, b)
     else:
         return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def recip_subnormal(s, EXACT_FMA: tl.constexpr):
+    """``RN(1/s)`` for ``s`` in ``(2**126, FP32_MAX]``, where the quotient is subnormal: the
+    subnormal grid's spacing is ``2**-149``, so the result is ``k * 2**-149`` with ``k`` the integer
+    nearest ``2**149 / s = 2**23 / t`` (``t = s * 2**-126`` in ``(1, 4]``, exact), ties to even,
+    and ``k`` (at most ``2**23``) is the result's bit pattern.
+
+    ``q = RN(2**23 / t)`` (normal operands and quotient: any IEEE division, flush-to-zero or not)
+    lies in ``[2**21, 2**23)`` with at least one fractional bit, within half an ulp (<= 1/4) of the
+    exact quotient, so only ``frac(q) = 1/2`` leaves the integer rounding open: the sign of the
+    exact residual ``2**23 - q*t`` (an fma, or fp64 where the interpreter's fma rounds twice: the
+    product has at most 48 bits) says on which side of ``q`` the quotient lies (a zero residual
+    would be a tie, which no ``t`` in range produces).  A handful of operations per block, against
+    the integer long division of ``div_rn_pos``."""
+    t = s * 1.1754943508222875e-38  # * 2**-126
+    q = tl.math.div_rn(tl.zeros_like(t) + 8388608.0, t)
+    fl = tl.math.floor(q)
+    frac = q - fl
+    if EXACT_FMA:
+        r = tl.fma(-q, t, tl.zeros_like(t) + 8388608.0)
+    else:
+        r = (8388608.0 - q.to(tl.float64) * t.to(tl.float64)).to(tl.float32)  # exact: 48-bit product
+    k = fl.to(tl.int32)
+    up = (frac > 0.5) | ((frac == 0.5) & ((r > 0.0) | ((r == 0.0) & ((k & 1) == 1))))
+    return (k + up.to(tl.int32)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

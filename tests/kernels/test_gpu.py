@@ -442,3 +442,36 @@ def test_bf16_output_takes_the_hardware_conversion(fmt: str) -> None:
         want = env.hw_bf16_rne(ws[0].device) and dtype == torch.bfloat16
         assert ("cvt.rn.bf16" in compiled.asm["ptx"]) == want, f"{fmt}/{dtype}: hardware bf16 conversion expected {want}"
         assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/{dtype}/hw_bf16")
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4", "fp8_block", "mxfp8"])
+def test_e4m3_rounding_takes_the_hardware_conversion(fmt: str) -> None:
+    """Where the GPU converts fp32 -> E4M3 in hardware (``env.hw_e4m3_rne``, compute capability
+    8.9+), the compiled forward kernel rounds with it (``cvt.rn.satfinite.e4m3x2.f32``) unless the
+    config turns it off (``KernelConfig.hw_e4m3``); the output is the reference's either way
+    (boundary and special values included; every bf16 pattern: ``test_forward.test_every_bf16_pattern``)."""
+    from dataclasses import replace
+
+    from moe_fq_parity.kernels import env, launch, tables
+    from moe_fq_parity.kernels.amax import amax_for_list
+    from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    spec = parse_spec(fmt, None, {})
+    ws = [torch.randn(64, 256, device="cuda", generator=g) * 2.0 ** torch.randint(-20, 20, (64, 1), device="cuda", generator=g) for _ in range(2)]
+    ws = [w.to(torch.bfloat16) for w in ws]
+    ws[0][0, :8] = torch.tensor([448.0, 464.0, 480.0, float("inf"), -float("inf"), 2.0**-9, 2.0**-10, 1.5 * 2.0**-9])
+    if fmt != "nvfp4":
+        ws[1][1, :2] = torch.tensor([float("nan"), -float("nan")])
+    amax = torch.tensor([300.0, 2.5], device="cuda") if fmt in ("fp8_e4m3", "nvfp4") else None
+    table = tables.expert_table(ws)
+    base = launch.FWD_CONFIG[spec.code]
+    for on in (True, False):
+        cfg = replace(base, hw_e4m3=on)
+        flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
+        view = (amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4) if amax is not None
+                else kernels.api.no_amax(ws[0].device))  # fmt: skip
+        compiled = launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+        want = on and env.hw_e4m3_rne(ws[0].device)
+        assert ("cvt.rn.satfinite.e4m3x2.f32" in compiled.asm["ptx"]) == want, f"{fmt}: hardware E4M3 conversion expected {want}"
+        assert_same_bits(outs, reference.fake_quant_experts(ws, amax, fmt), ws, case=f"{fmt}/hw_e4m3={on}")

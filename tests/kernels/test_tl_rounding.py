@@ -13,7 +13,15 @@ import triton
 import triton.language as tl
 
 from moe_fq_parity.kernels import env
-from moe_fq_parity.kernels.tl_rounding import div_rn_pos, f32_to_bits, int_dequant_magnitude, round_mag_e2m1, round_mag_e4m3
+from moe_fq_parity.kernels.tl_rounding import (
+    div_rn_pos,
+    f32_to_bits,
+    int_dequant_magnitude,
+    out_bits,
+    recip_subnormal,
+    round_mag_e2m1,
+    round_sat_e4m3,
+)
 from moe_fq_parity.reference.rounding import round_to_e2m1 as ref_e2m1
 from moe_fq_parity.reference.rounding import round_to_e4m3 as ref_e4m3
 from moe_fq_parity.reference.rounding import to_output_dtype
@@ -38,12 +46,19 @@ def _dequant_kernel(m_ptr, s_ptr, o_ptr, n, EXACT_FMA: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, BLOCK: tl.constexpr):
+def _recip_sub_kernel(s_ptr, o_ptr, n, EXACT_FMA: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(o_ptr + i, recip_subnormal(tl.load(s_ptr + i, mask=m, other=2.0**127), EXACT_FMA), mask=m)
+
+
+@triton.jit
+def _grid_kernel(x_ptr, o_ptr, n, WHICH: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=0.0)
     if WHICH == 0:
-        y = round_mag_e4m3(tl.minimum(x, 448.0))
+        y = round_sat_e4m3(x, HW_E4M3)
     else:
         y = round_mag_e2m1(tl.minimum(x, 6.0))
     tl.store(o_ptr + i, y, mask=m)
@@ -60,6 +75,18 @@ def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, HW_BF16: tl.constexpr,
     else:
         nan_bits = tl.full([], 0x7FFF, tl.int16)
     tl.store(o_ptr + i, f32_to_bits(tl.abs(y), sign, y != y, nan_bits, IO, HW_BF16), mask=m)
+
+
+@triton.jit
+def _out_bits_kernel(y_ptr, x_ptr, o_ptr, n, HW_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """``out_bits`` for bf16 output: magnitude ``|y|``, sign from the bf16 input ``x``, NaN where ``y`` is."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    y = tl.load(y_ptr + i, mask=m, other=0.0)
+    bits = tl.load(x_ptr + i, mask=m, other=0)
+    x = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    tl.store(o_ptr + i, out_bits(tl.abs(y), x, bits, tl.full([], -32768, tl.int16), y != y, tl.full([], 0x7FFF, tl.int16), 0, HW_BF16),
+             mask=m)  # fmt: skip
 
 
 def _run(kernel, device: str, *tensors, **kw) -> None:
@@ -112,10 +139,18 @@ def test_int_dequant_is_correctly_rounded(exact_fma: bool, gen: torch.Generator,
     assert_same_bits([out], [want], [ss], case="int_dequant")
 
 
+_HW_E4M3 = [False] + ([True] if torch.cuda.is_available() and env.hw_e4m3_rne(torch.device("cuda")) else [])
+
+
+@pytest.mark.parametrize("hw_e4m3", _HW_E4M3, ids=["integer", "hardware"][: len(_HW_E4M3)])
 @pytest.mark.parametrize("which", ["e4m3", "e2m1"])
-def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
-    """Every non-negative bf16 value (as fp32), fp32 subnormals, and the fp32 neighbours of every
-    grid midpoint (the kernels round magnitudes and put the sign back from the input bits)."""
+def test_minifloat_rounding_matches_reference(which: str, hw_e4m3: bool, device: str) -> None:
+    """Every non-negative bf16 value (as fp32, 448 to inf included: E4M3 saturates), fp32
+    subnormals, and the fp32 neighbours of every grid midpoint (the kernels round magnitudes and put
+    the sign back from the input bits).  E4M3 both ways where the device converts in hardware
+    (``env.hw_e4m3_rne``: the kernels take it there)."""
+    if which == "e2m1" and hw_e4m3:
+        pytest.skip("E2M1 has no hardware rounding path")
     x = torch.arange(0, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     x = torch.cat([x, torch.tensor([1e-45, 1e-40, 5.8e-39]), torch.tensor([3.0e38, float("inf")])])
     grid = ref_e4m3(torch.linspace(-448, 448, 20001)) if which == "e4m3" else ref_e2m1(torch.linspace(-6, 6, 1001))
@@ -126,7 +161,7 @@ def test_minifloat_rounding_matches_reference(which: str, device: str) -> None:
     lim = 448.0 if which == "e4m3" else 6.0
     want = (ref_e4m3 if which == "e4m3" else ref_e2m1)(torch.clamp(x, -lim, lim))
     out = torch.empty_like(x, device=device)
-    _run(_grid_kernel, device, x.to(device), out, WHICH=0 if which == "e4m3" else 1)
+    _run(_grid_kernel, device, x.to(device), out, WHICH=0 if which == "e4m3" else 1, HW_E4M3=hw_e4m3)
     assert_same_bits([out], [want], [x], case=which)
 
 
@@ -148,3 +183,43 @@ def test_output_conversion_matches_reference(dtype: torch.dtype, hw_bf16: bool, 
     out = torch.empty(y.shape, dtype=idt, device=device)
     _run(_out_kernel, device, y.to(device), sign.to(device), out, IO=io, HW_BF16=hw_bf16)
     assert_same_bits([out.view(dtype)], [want], [y], case=f"to_{dtype}")
+
+
+@pytest.mark.parametrize("hw_bf16", _HW_BF16, ids=["integer", "hardware"][: len(_HW_BF16)])
+def test_out_bits_matches_reference(hw_bf16: bool, gen: torch.Generator, device: str) -> None:
+    """``out_bits`` (bf16 output, the kernels' path): random fp32 magnitudes (NaN, inf, subnormal,
+    overflow, ties included) with the sign of a random bf16 input, NaN inputs of either sign
+    giving the canonical ``0x7FFF``.  On a GPU with the hardware conversion the sign and NaN are
+    applied in fp32 before it; the integer path applies them to the 16-bit result."""
+    bits = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=gen, dtype=torch.int64).to(torch.int32)
+    y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 3.3961776e38, 3.3961775e38, 0.0, 5.9e-8, 1.00390625, 1.01171875])])
+    y = y.abs()
+    xb = torch.randint(-(2**15), 2**15, y.shape, generator=gen, dtype=torch.int32).to(torch.int16)
+    xb[:64] = torch.tensor([0x7FC0, -0x0040, 0x7F81, -0x007F] * 16, dtype=torch.int16)  # NaN inputs, both signs
+    y[:64] = float("nan")
+    want = to_output_dtype(torch.where(torch.signbit(xb.view(torch.bfloat16).float()), -y, y), torch.bfloat16)
+    out = torch.empty(y.shape, dtype=torch.int16, device=device)
+    _run(_out_bits_kernel, device, y.to(device), xb.to(device), out, HW_BF16=hw_bf16)
+    assert_same_bits([out.view(torch.bfloat16)], [want], [y], case="out_bits")
+
+
+@pytest.mark.parametrize("exact_fma", [True, False], ids=["fma", "fp64"])
+def test_recip_subnormal_is_ieee_division(exact_fma: bool, gen: torch.Generator, device: str) -> None:
+    """``RN(1/s)`` for ``s`` in ``(2**126, FP32_MAX]`` (subnormal quotients, the FP8 block-wise fp32
+    scale of a tiny block amax): 200k random ``s``, the range's ends, and every ``s`` whose exact
+    quotient lies within 2**-10 of a subnormal-grid midpoint among 4M consecutive patterns."""
+    if exact_fma and not env.exact_fma(torch.device(device).type):
+        pytest.skip("this Triton interpreter rounds tl.fma twice; the kernel uses the fp64 residual here")
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (), generator=gen)))
+    lo, hi = np.float32(2.0**126).view(np.uint32) + 1, np.float32(3.4028235e38).view(np.uint32)
+    b = rng.integers(lo, hi, 200_000, endpoint=True).astype(np.uint32)
+    dense = np.arange(lo, lo + 4_000_000, dtype=np.uint32)
+    k = 2.0**149 / dense.view(np.float32).astype(np.float64)  # the quotient in units of 2**-149 (fp64: 53 bits)
+    dense = dense[np.abs(k - np.floor(k) - 0.5) < 2.0**-10]
+    b = np.concatenate([b, dense, np.array([lo, hi, np.float32(2.0**127).view(np.uint32)], dtype=np.uint32)])
+    s = _bits_to_f32(b)
+    with np.errstate(all="ignore"):
+        want = torch.from_numpy(np.float32(1.0) / s.numpy())
+    out = torch.empty_like(s, device=device)
+    _run(_recip_sub_kernel, device, s.to(device), out, EXACT_FMA=exact_fma)
+    assert_same_bits([out], [want], [s], case="recip_subnormal")
