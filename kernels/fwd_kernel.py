@@ -80,7 +80,6 @@ from .tl_rounding import (
     out_bits,
     rne_integer_magnitude,
     round_mag_e2m1,
-    round_mag_e4m3,
     round_sat_e4m3,
 )
 
@@ -101,6 +100,7 @@ _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
 _FMAX = tl.constexpr(FP32_MAX)
 _SIXTH = tl.constexpr(0.1666666716337204)  # RN_fp32(1/6) = 0x3E2AAAAB, what torch.reciprocal(6.0) gives
 _TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to here
+_TWO120 = tl.constexpr(1.329227995784916e36)  # 2**120
 
 
 @triton.jit
@@ -168,6 +168,12 @@ def _int_scales(a, QMAX: tl.constexpr, INT_DIV: tl.constexpr):
 
 
 @triton.jit
+def _int_q(xs, LO: tl.constexpr, QMAX: tl.constexpr):
+    """``|q|``, ``q = clamp(rint(xs), lo, qmax)`` (NaN ``xs``: the caller writes the NaN pattern)."""
+    return rne_integer_magnitude(tl.minimum(tl.maximum(xs, LO), QMAX))
+
+
+@triton.jit
 def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
     """``|RN(q/s)|`` with ``q = clamp(rint(xs), lo, qmax)`` from ``xs = RN(x*s)``.
 
@@ -175,8 +181,7 @@ def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: 
     the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)`` finite for every finite amax;
     multiplying by 256 overflows exactly when ``RN(q/s)`` does.
     """
-    w = tl.minimum(tl.maximum(xs, LO), QMAX)  # NaN: the caller writes the NaN pattern
-    return int_dequant_magnitude(rne_integer_magnitude(w), s2, r2, EXACT_FMA) * 256.0
+    return int_dequant_magnitude(_int_q(xs, LO, QMAX), s2, r2, EXACT_FMA) * 256.0
 
 
 @triton.jit
@@ -228,11 +233,11 @@ def _recip(d, BLOCK_RECIP_INT: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_magnitude(ax, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr):
+def _nvfp4_magnitude(ax, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr, HW_E4M3: tl.constexpr):
     """NVFP4 "te" steps 5-9 on a ``[BR, NB, 16]`` tile (zero-padded short blocks), as magnitudes,
     given the block max ``vmax`` ``[BR, NB, 1]``: ds8 = e4m3(RN(vmax*mult));
     es = min(RN(1/RN(ds8*gd)), FP32_MAX); q = e2m1(min(RN(|x|*es), 6)); y = RN(RN(q*ds8)*gd)."""
-    ds8 = round_mag_e4m3(tl.minimum(vmax * mult, _E4M3_MAX))
+    ds8 = round_sat_e4m3(vmax * mult, HW_E4M3)  # a NaN block: NaN (hardware) or 448; the caller writes NaN
     es = tl.minimum(_recip(ds8 * gd, BLOCK_RECIP_INT), _FMAX)
     q = round_mag_e2m1(tl.minimum(ax * es, 6.0))
     return (q * ds8) * gd
@@ -326,12 +331,12 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
 
 @triton.jit
 def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
-                HW_BF16: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
+                HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
     """NVFP4 output bits of a tile of input ``bits`` given ``bmax``, its block max of
     ``magnitude_bits`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
     ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
     block_nan = bmax > INF_BITS
-    y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT)
+    y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT, HW_E4M3)
     if CHECK:
         _flag_each(flag_ptr, 4, block_nan)
         return out_bits(y, x, bits, sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
@@ -404,6 +409,10 @@ def fake_quant_fwd_kernel(
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                 s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
                 zero_out = zero & (_bad_amax(a) == 0) if CHECK else zero  # a bad amax writes NaN instead
+                # amax <= 2**120: q/s by Markstein on s itself (rs = RN(1/s) = 256 RN(1/(256 s)), exact:
+                # r2 >= 2**-39 is normal); no product overflows, and the mantissas are those of s2
+                direct = a <= _TWO120
+                rs = r2 * 256.0
         elif FMT == _FMT_FP8:
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
@@ -419,7 +428,7 @@ def fake_quant_fwd_kernel(
                     x = bits_to_f32(bits, IO)
                     mag = magnitude_bits(x)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV)
@@ -435,7 +444,7 @@ def fake_quant_fwd_kernel(
                     mag = magnitude_bits(x)
                     bmax = tl.max(mag, axis=2, keep_dims=True)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, BLOCK_RECIP_INT)
+                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV)
@@ -454,11 +463,15 @@ def fake_quant_fwd_kernel(
                             s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                             s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
                         xs = x * s  # NaN exactly where x is NaN (s > 0 finite), everywhere for a poisoned s
-                        if HW_BF16 and IO == _IO_BF16 and not PER_CHANNEL:
-                            if zero_out:  # the expert writes +0 (one branch per tile, not a select per element)
-                                out = tl.zeros(bits.shape, tl.int16)
+                        if not PER_CHANNEL:  # per-expert branches, taken alike by every element of the tile
+                            if zero_out:  # the expert writes +0
+                                out = tl.zeros(bits.shape, bits.dtype)
                             else:
-                                out = out_bits(_int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA), x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
+                                if direct:
+                                    y = int_dequant_magnitude(_int_q(xs, LO, QMAX), s, rs, EXACT_FMA)
+                                else:
+                                    y = _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA)
+                                out = out_bits(y, x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
                         else:
                             y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
                             smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
