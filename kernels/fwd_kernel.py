@@ -9,20 +9,25 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
 tiles are ``[TILE_R, BC]`` as ``[1, TILE_R, BC / block, block]`` (``tiles.tile_4d``; partial tiles
-zero-padded in both dims) and the max runs over two axes.
+zero-padded in both dims) and the max runs over two axes.  One-row tiles over rows that are whole
+multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t * BC`` and are loaded
+and stored without masks (``tiles.tile_aligned``).
 
 Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
-``tl.math.div_rn`` where operands and quotient are provably normal); element rounding uses
-``tl_rounding`` (on a GPU the bf16 output conversion is the hardware's, ``HW_BF16``: the same
-bits in one instruction).  Per-expert scales are computed once per program, which then loops over
-``TPP`` tiles of its expert.
+``tl.math.div_rn`` where operands and quotient are provably normal; ``recip_subnormal`` where only
+the quotient is subnormal); element rounding uses ``tl_rounding``.  On a GPU some steps are the
+hardware's, with the same bits: the bf16 output conversion (``HW_BF16``; sign and NaN pattern are
+applied to the fp32 value before one paired conversion, ``out_bits``) and, from compute capability
+8.9, E4M3 rounding (``HW_E4M3``, ``round_sat_e4m3``).  Per-expert scales are computed once per
+program, which then loops over ``TPP`` tiles of its expert.
 
 Every format's output has the sign of its input (the scales are positive and every rounding step
 keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is
 OR-ed into the output bits; the exceptions are per-expert (per-block) constants: INT with amax
-< 2**-24 (an INT4 group with block amax < 2**-24) writes +0 for every element (an explicit select
-of the magnitude, sign mask and NaN pattern, so compiled and interpreted kernels agree whatever
-their dequantization path) and NaN input writes the canonical NaN.
+< 2**-24 (an INT4 group with block amax < 2**-24) writes +0 for every element (per expert one
+branch, per channel or per group an explicit select of the magnitude, sign mask and NaN pattern, so
+compiled and interpreted kernels agree whatever their dequantization path) and NaN input writes the
+canonical NaN.
 
 amax ``-0.0`` is valid (``-0.0 >= 0``) and gives the bits of ``+0.0`` in every format, as in the
 reference: INT and FP8 only compare amax with 2**-24, NVFP4 selects ``+0.0`` for it explicitly.
@@ -100,7 +105,6 @@ _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
 _FMAX = tl.constexpr(FP32_MAX)
 _SIXTH = tl.constexpr(0.1666666716337204)  # RN_fp32(1/6) = 0x3E2AAAAB, what torch.reciprocal(6.0) gives
 _TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to here
-_TWO120 = tl.constexpr(1.329227995784916e36)  # 2**120
 
 
 @triton.jit
@@ -168,12 +172,6 @@ def _int_scales(a, QMAX: tl.constexpr, INT_DIV: tl.constexpr):
 
 
 @triton.jit
-def _int_q(xs, LO: tl.constexpr, QMAX: tl.constexpr):
-    """``|q|``, ``q = clamp(rint(xs), lo, qmax)`` (NaN ``xs``: the caller writes the NaN pattern)."""
-    return rne_integer_magnitude(tl.minimum(tl.maximum(xs, LO), QMAX))
-
-
-@triton.jit
 def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr):
     """``|RN(q/s)|`` with ``q = clamp(rint(xs), lo, qmax)`` from ``xs = RN(x*s)``.
 
@@ -181,7 +179,8 @@ def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: 
     the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)`` finite for every finite amax;
     multiplying by 256 overflows exactly when ``RN(q/s)`` does.
     """
-    return int_dequant_magnitude(_int_q(xs, LO, QMAX), s2, r2, EXACT_FMA) * 256.0
+    w = tl.minimum(tl.maximum(xs, LO), QMAX)  # NaN: the caller writes the NaN pattern
+    return int_dequant_magnitude(rne_integer_magnitude(w), s2, r2, EXACT_FMA) * 256.0
 
 
 @triton.jit
@@ -409,10 +408,6 @@ def fake_quant_fwd_kernel(
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
                 s, nanb = _poisoned(s, a, zero, nan_all, CHECK)
                 zero_out = zero & (_bad_amax(a) == 0) if CHECK else zero  # a bad amax writes NaN instead
-                # amax <= 2**120: q/s by Markstein on s itself (rs = RN(1/s) = 256 RN(1/(256 s)), exact:
-                # r2 >= 2**-39 is normal); no product overflows, and the mantissas are those of s2
-                direct = a <= _TWO120
-                rs = r2 * 256.0
         elif FMT == _FMT_FP8:
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
@@ -467,11 +462,7 @@ def fake_quant_fwd_kernel(
                             if zero_out:  # the expert writes +0
                                 out = tl.zeros(bits.shape, bits.dtype)
                             else:
-                                if direct:
-                                    y = int_dequant_magnitude(_int_q(xs, LO, QMAX), s, rs, EXACT_FMA)
-                                else:
-                                    y = _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA)
-                                out = out_bits(y, x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
+                                out = out_bits(_int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA), x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
                         else:
                             y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
                             smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
