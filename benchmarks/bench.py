@@ -37,6 +37,9 @@ PyTorch's own floor for list-in/list-out calls (``host_floor_rows``: N output vi
 table key, autograd through an N-input no-op node).
 ``--profile`` adds, per format, the throughput with the data L2-resident (the arithmetic ceiling
 without HBM traffic), registers, spills and PTX instruction counts of the production launch.
+``--sweep`` (``--sweep-kinds`` to choose columns) adds, per column and for the backward, every tile
+configuration of ``profiling.SWEEP_CHANGES`` at the production case: the kernel alone, its L2
+ceiling and whether its output is bit-exact (``sweep`` / ``sweep_best`` in ``bench.json``).
 Prints tables and writes ``DIR/bench.json``.
 """
 
@@ -64,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="grouped fake-quant kernel benchmark (one GPU)")
     ap.add_argument("--out", type=Path, required=True, help="directory for bench.json")
     ap.add_argument("--quick", action="store_true", help="Ultra fc1 at N in {4, 32, 128} plus the production case")
-    ap.add_argument("--sweep", action="store_true", help="also sweep tile configurations at the production case")
-    ap.add_argument("--sweep-kinds", default="", help="comma-separated kernels to sweep (int8, fp8_e4m3, nvfp4, bwd_clipped; default all)")
+    ap.add_argument("--sweep", action="store_true", help="also time tile configurations per column at the production case, with their L2 ceilings")
+    ap.add_argument("--sweep-kinds", default="", help="comma-separated columns to sweep (the table's columns and bwd_clipped; default all)")
     ap.add_argument("--no-cases", action="store_true", help="skip the case table")
     ap.add_argument("--host-calls", type=int, default=1000, help="calls per entry of the host-cost distribution (0: skip)")
     ap.add_argument("--host-after", type=int, default=len(FIRST), help="measure the host distribution after this many cases")

@@ -1,5 +1,5 @@
 """What the benchmark times: model shapes (from ``cases/shapes.py``), expert counts, the order of
-the cases, the formats timed through the eager loop, and the seeded expert weights."""
+the cases, the format columns, and the seeded expert weights."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from moe_fq_parity.cases.shapes import N_VALUES, NEMOTRON, ULTRA_PRODUCTION, WIDE_ACCEPTANCE
-from moe_fq_parity.kernels.formats import AMAX_FORMATS, DEFAULT_VARIANTS, FORMATS as KERNEL_FORMATS, parse_spec
+from moe_fq_parity.kernels.formats import AMAX_FORMATS, DEFAULT_VARIANTS, FORMATS as KERNEL_FORMATS
 from moe_fq_parity.reference.formats import format_spec
 
 SHAPES: dict[str, tuple[int, int]] = {f"{model}_fc1": NEMOTRON[model]["fc1"] for model in ("nano", "super", "ultra")}
@@ -65,25 +65,6 @@ FORMATS: tuple[BenchFormat, ...] = bench_formats()
 BY_KEY: dict[str, BenchFormat] = {b.key: b for b in FORMATS}
 
 
-def _first_per_code() -> tuple[str, ...]:
-    """One amax format per kernel code (INT, FP8, NVFP4; the first listed): the eager baselines and
-    the sweep's tile kinds (INT4 runs INT8's code path)."""
-    first: dict[int, str] = {}
-    for f in AMAX_FORMATS:
-        first.setdefault(parse_spec(f, None, {}).code, f)
-    return tuple(first.values())
-
-
-EAGER_FORMATS = _first_per_code()
-
-
-def kind_of(fmt: str) -> str:
-    """The ``EAGER_FORMATS`` entry sharing ``fmt``'s kernel code (the key of the tuned configs), or
-    ``fmt`` itself for a code no amax format has (no tuned configs)."""
-    code = parse_spec(fmt, None, {}).code
-    return next((f for f in EAGER_FORMATS if parse_spec(f, None, {}).code == code), fmt)
-
-
 def case_list(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
     """``(name, N, shape)`` of every case, the ``FIRST`` ones first; ``quick``: Ultra fc1 at N in
     {4, 32, 128} plus the wide and production cases."""
@@ -95,10 +76,10 @@ def case_list(quick: bool) -> list[tuple[str, int, tuple[int, int]]]:
     return first + [c for c in cases if c not in first]
 
 
-def make_experts(n: int, shape: tuple[int, int], seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+def make_experts(n: int, shape: tuple[int, int], seed: int, device: str = "cuda") -> tuple[list[torch.Tensor], torch.Tensor]:
     """N bf16 experts with per-expert scales (so per-expert amax differ) and amax = 0.9 max|w|."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    scales = torch.logspace(-2, 0, max(n, 1), device="cuda")
-    ws = [(torch.randn(shape, device="cuda", generator=g) * scales[i]).to(torch.bfloat16) for i in range(n)]
+    g = torch.Generator(device=device).manual_seed(seed)
+    scales = torch.logspace(-2, 0, max(n, 1), device=device)
+    ws = [(torch.randn(shape, device=device, generator=g) * scales[i]).to(torch.bfloat16) for i in range(n)]
     amax = torch.stack([w.float().abs().amax() for w in ws]) * 0.9
     return ws, amax

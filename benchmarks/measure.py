@@ -22,7 +22,7 @@ from moe_fq_parity.kernels import api, checks, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
 from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
 
-from .cases import FORMATS, BenchFormat, kind_of, make_experts
+from .cases import FORMATS, BenchFormat, make_experts
 
 L2_MULTIPLE = 4
 """The kernel-alone timing cycles over enough input copies to exceed this many L2 caches."""
@@ -109,8 +109,15 @@ def matches_reference(bf: BenchFormat, ws: list[torch.Tensor], amax: torch.Tenso
     return all(torch.equal(outs[i].view(torch.int16), w.view(torch.int16)) for i, w in zip(idx, want))
 
 
-def _bwd_matches(ws, amax, grads) -> bool:
-    got = api.ste_backward_experts(ws, amax, grads, "clipped")
+def bwd_matches(ws, amax, grads, config=None) -> bool:
+    """The clipped backward (with ``config``, else the default) equals the reference's bit for bit."""
+    if config is None:
+        got = api.ste_backward_experts(ws, amax, grads, "clipped")
+    else:
+        table = tables.expert_table(ws, grads)
+        flat, got = tables.alloc_outputs(table, grads[0].dtype, grads[0].device)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=False)
+        launch.bwd_list(table, ws, grads, flat, view, config=config)
     want = reference.ste_backward_experts(ws, amax, grads, "clipped")
     return all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
 
@@ -152,7 +159,7 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
     grads = [torch.randn_like(w) for w in ws]
     for bf in FORMATS:
         fmt = bf.key
-        cfg = configs.get(kind_of(bf.fmt))
+        cfg = configs.get(bf.key)
         runner.fwd(bf, cfg)[0]()
         res.correct[fmt] = matches_reference(bf, ws, amax, runner.outs[0][1])
         if not res.correct[fmt]:
@@ -170,7 +177,7 @@ def bench_case(name: str, n: int, shape: tuple[int, int], copy_gbps: float, args
         res.host_us[fmt] = statistics.median_high(host_samples_us(call, args.host_reps))
     checks.raise_pending_errors()  # the benchmark's inputs are valid: nothing may be pending
     bwd_fns = runner.bwd(grads, configs.get("bwd_clipped"))
-    res.correct["bwd_clipped"] = _bwd_matches(ws, amax, grads)
+    res.correct["bwd_clipped"] = bwd_matches(ws, amax, grads)
     if res.correct["bwd_clipped"]:
         key = "bwd_clipped"
         res.kernel_ms[key] = ms = graph_ms(bwd_fns)

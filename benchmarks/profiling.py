@@ -3,7 +3,8 @@ kernels' tiling, and per format the arithmetic ceiling (data L2-resident) with c
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from typing import Callable
 
 import torch
 
@@ -13,39 +14,108 @@ from moe_fq_parity.kernels.formats import FMT_FP8, FMT_NVFP4, parse_spec
 from moe_fq_parity.kernels.geometry import grid_for
 from moe_fq_parity.kernels.launch import BWD_CONFIG, FWD_CONFIG, KernelConfig, tile_for
 
-from .cases import EAGER_FORMATS, FORMATS, PRODUCTION, make_experts
-from .measure import KernelRunner, graph_ms, pct
+from .cases import BY_KEY, FORMATS, PRODUCTION, BenchFormat, make_experts
+from .measure import KernelRunner, bwd_matches, graph_ms, matches_reference, pct
 
 
-SWEEP_TILES = ((4096, 4, 1), (4096, 4, 4), (2048, 4, 1), (2048, 4, 2), (2048, 4, 8), (8192, 8, 1), (8192, 8, 2))
-"""(elements per tile, warps, tiles per program) tried per kernel at the production case."""
+SWEEP_CHANGES: tuple[tuple[str, dict], ...] = (
+    ("tpp1", {"tiles_per_program": 1}),
+    ("tpp2", {"tiles_per_program": 2}),
+    ("tpp4", {"tiles_per_program": 4}),
+    ("1024x1", {"block": 1024, "num_warps": 1}),
+    ("2048x2", {"block": 2048, "num_warps": 2}),
+    ("2048x4", {"block": 2048, "num_warps": 4}),
+    ("4096x4", {"block": 4096, "num_warps": 4}),
+    ("8192x8", {"block": 8192, "num_warps": 8}),
+)
+"""Changes to a kernel's default ``KernelConfig`` that ``--sweep`` times (a change that leaves the
+default as it is is skipped): tiles per program, and elements per tile x warps (for square 2-D
+blocks the tile is rows x columns of about that many elements)."""
 
 
-def sweep(copy_gbps: float, kinds: str = "") -> tuple[list[dict], dict[str, object]]:
-    """Tile configurations at the Ultra production case; returns the rows and the fastest
-    ``KernelConfig`` per kernel (``int8`` stands for INT, ``bwd_clipped`` for the backward)."""
-    _, n, shape = PRODUCTION
-    runner = KernelRunner([make_experts(n, shape, seed=0)])
+def sweep_plan(kinds: str = "") -> list[tuple[str, str, KernelConfig]]:
+    """``(column, name, config)`` of every configuration ``sweep`` times: per bench column (and
+    ``bwd_clipped``, the backward) its default first, then each of ``SWEEP_CHANGES`` that changes
+    it; ``kinds``: comma-separated columns (default all)."""
+    wanted = {k for k in kinds.split(",") if k}
+    known = [b.key for b in FORMATS] + ["bwd_clipped"]
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise ValueError(f"--sweep-kinds: unknown {unknown}; known: {', '.join(known)}")
+    plan = []
+    for key in known:
+        if wanted and key not in wanted:
+            continue
+        base = BWD_CONFIG if key == "bwd_clipped" else FWD_CONFIG[parse_spec(BY_KEY[key].fmt, None, BY_KEY[key].options).code]
+        plan.append((key, "default", base))
+        seen = {base}
+        for name, change in SWEEP_CHANGES:
+            cfg = replace(base, **change)
+            if cfg not in seen:
+                seen.add(cfg)
+                plan.append((key, name, cfg))
+    return plan
+
+
+class L2Resident:
+    """The L2-resident setup of the ceilings (see ``profile_formats``): ``n`` experts that are all
+    one ``shape`` tensor, every output written to one buffer; ``nominal``: the bytes such a launch
+    would move from and to HBM."""
+
+    def __init__(self, n: int, shape: tuple[int, int], device: str = "cuda"):
+        self.w = make_experts(1, shape, seed=3, device=device)[0][0]
+        self.ws = [self.w] * n
+        self.amax = torch.full((n,), float(self.w.float().abs().amax()), device=device)
+        self.table = tables.expert_table(self.ws)
+        self.table.meta[1].zero_()  # every expert writes the same buffer
+        self.flat = torch.empty(shape[0] * shape[1], dtype=torch.bfloat16, device=device)
+        self.nominal = 4 * n * shape[0] * shape[1]
+
+    def launch(self, bf: BenchFormat, config: KernelConfig | None = None) -> Callable[[], None]:
+        spec = parse_spec(bf.fmt, None, bf.options)
+        if bf.takes_amax:
+            view = amax_for_list(self.amax, [r for r, _ in self.table.shapes], self.amax.device, nvfp4=spec.code == FMT_NVFP4)
+        else:
+            view = api.expert_amax(spec, None, self.table)
+        return lambda: launch.fwd_list(self.table, self.ws, self.flat, view, spec, check=False, config=config)
+
+
+def sweep(copy_gbps: float, kinds: str = "", *, case: tuple[int, tuple[int, int]] = PRODUCTION[1:],
+          l2: tuple[int, tuple[int, int]] = (256, (512, 2048)), timer: Callable[[list[Callable[[], None]]], float] = graph_ms,
+          device: str = "cuda") -> tuple[list[dict], dict[str, KernelConfig]]:
+    """Every ``sweep_plan`` configuration at ``case`` (the Ultra production case): the kernel alone
+    (``timer``, a CUDA graph over two input sets) as % of copy, whether its output is the
+    reference's bit for bit (first and last expert of both sets), and for the forward the
+    L2-resident ceiling (``l2``, as ``profile_formats``).  A configuration that fails to launch is a
+    row with its error.  Returns the rows and, per column, the configuration fastest at ``case``
+    among the bit-exact ones."""
+    n, shape = case
+    runner = KernelRunner([make_experts(n, shape, seed=s, device=device) for s in range(2)])
     grads = [torch.randn_like(w) for w in runner.sets[0][0]]
     numel = n * shape[0] * shape[1]
-    defaults = {**{f: FWD_CONFIG[parse_spec(f, None, {}).code] for f in EAGER_FORMATS}, "bwd_clipped": BWD_CONFIG}
-    plan = [(kind, KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=defaults[kind].nvfp4_int_recip))
-            for b, w, t in SWEEP_TILES for kind in defaults]  # fmt: skip
-    plan += [("int8", KernelConfig(4096, 4, tiles_per_program=4, scalar_int_div=True)),
-             ("nvfp4", KernelConfig(4096, 8, tiles_per_program=4, nvfp4_int_recip=True))]  # fmt: skip
-    wanted = {k for k in kinds.split(",") if k}
-    plan += [("nvfp4", KernelConfig(b, w, tiles_per_program=t, nvfp4_int_recip=False)) for b, w, t in ((1024, 4, 8), (2048, 8, 8), (4096, 4, 8))]
-    plan = [(k, c) for k, c in plan if not wanted or k in wanted]
+    resident = L2Resident(*l2, device=device)
     rows, best = [], {}
-    for kind, cfg in plan:
-        fns = runner.bwd(grads, cfg) if kind == "bwd_clipped" else runner.fwd(kind, cfg)
-        ms = graph_ms(fns)
-        pct = 100 * (6 if kind == "bwd_clipped" else 4) * numel / ms / 1e6 / copy_gbps
-        rows.append({"kind": kind, **asdict(cfg), "ms": ms, "pct_copy": pct})
-        if kind not in best or ms < best[kind][0]:
-            best[kind] = (ms, cfg)
-        print(f"  sweep {kind:12s} block={cfg.block:6d} warps={cfg.num_warps:2d} tpp={cfg.tiles_per_program} "
-              f"int_div={cfg.scalar_int_div:d} int_recip={cfg.nvfp4_int_recip:d}  {ms:7.3f} ms  {pct:5.1f}%", flush=True)  # fmt: skip
+    for key, name, cfg in sweep_plan(kinds):
+        row: dict = {"kind": key, "config_name": name, **asdict(cfg)}
+        try:
+            if key == "bwd_clipped":
+                row["ms"] = timer(runner.bwd(grads, cfg))
+                row["pct_copy"] = 100 * 6 * numel / row["ms"] / 1e6 / copy_gbps
+                row["exact"] = bwd_matches(*runner.sets[0], grads, cfg)
+            else:
+                bf = BY_KEY[key]
+                row["ms"] = timer(runner.fwd(bf, cfg))
+                row["pct_copy"] = 100 * 4 * numel / row["ms"] / 1e6 / copy_gbps
+                row["exact"] = all(matches_reference(bf, ws, amax, outs) for (ws, amax), (_, outs) in zip(runner.sets, runner.outs))
+                row["ceiling_pct"] = pct(resident.nominal, timer([resident.launch(bf, cfg)]), copy_gbps)
+        except Exception as exc:  # noqa: BLE001  (a configuration the kernel refuses is a row, not the end of the sweep)
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+        if row.get("exact") and (key not in best or row["ms"] < best[key][0]):
+            best[key] = (row["ms"], cfg)
+        shown = (f"{row['pct_copy']:5.1f}%  ceiling {row.get('ceiling_pct', float('nan')):5.1f}%  exact {row['exact']}" if "error" not in row
+                 else row["error"])  # fmt: skip
+        print(f"  sweep {key:16s} {name:8s} block={cfg.block:5d} warps={cfg.num_warps:2d} tpp={cfg.tiles_per_program}  {shown}", flush=True)
     return rows, {k: v[1] for k, v in best.items()}
 
 
@@ -79,20 +149,10 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     from moe_fq_parity.kernels.copy_kernel import tiled_copy_kernel  # deferred: imports Triton
 
     out: dict = {}
-    w = make_experts(1, shape, seed=3)[0][0]
-    ws = [w] * n
-    amax = torch.full((n,), float(w.float().abs().amax()), device="cuda")
-    table = tables.expert_table(ws)
-    table.meta[1].zero_()  # every expert writes the same buffer
-    flat = torch.empty(shape[0] * shape[1], dtype=torch.bfloat16, device="cuda")
-    nominal = 4 * n * shape[0] * shape[1]
+    l2 = L2Resident(n, shape)
+    table, w, flat, nominal = l2.table, l2.w, l2.flat, l2.nominal
     for bf in FORMATS:
-        spec = parse_spec(bf.fmt, None, bf.options)
-        if bf.takes_amax:
-            view = amax_for_list(amax, [r for r, _ in table.shapes], amax.device, nvfp4=spec.code == FMT_NVFP4)
-        else:
-            view = api.expert_amax(spec, None, table)
-        ms = graph_ms([lambda s=spec, v=view: launch.fwd_list(table, ws, flat, v, s, check=False)])
+        ms = graph_ms([l2.launch(bf)])
         out[bf.key] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
     tile = tile_for(table.shapes, FWD_CONFIG[parse_spec("fp8_e4m3", None, {}).code], w.device)
     grid = grid_for(table.shapes, tile)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_fq_parity.benchmarks.cases import EAGER_FORMATS, case_list, kind_of
+from moe_fq_parity.benchmarks.cases import case_list
 from moe_fq_parity.cases.shapes import N_VALUES, NEMOTRON, ULTRA_PRODUCTION, WIDE_ACCEPTANCE
 
 FIRST_NAMES = ["ultra_prod/N32", "wide_1024x2048/N128", "super_fc1/N64", "nano_fc1/N8"]
@@ -22,7 +22,3 @@ def test_quick_run_is_ultra_fc1_at_three_counts_after_the_production_and_wide_ca
     names = [name for name, _, _ in case_list(quick=True)]
     assert names == ["ultra_prod/N32", "wide_1024x2048/N128", "ultra_fc1/N4", "ultra_fc1/N32", "ultra_fc1/N128"]
 
-
-def test_each_format_maps_to_the_eager_format_of_its_kernel_code() -> None:
-    assert EAGER_FORMATS == ("int8", "fp8_e4m3", "nvfp4")
-    assert kind_of("int4") == "int8" and all(kind_of(f) == f for f in EAGER_FORMATS)

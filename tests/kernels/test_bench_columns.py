@@ -29,3 +29,35 @@ def test_the_benchmark_launch_gives_the_reference_bits(bf, device, gen) -> None:
     assert matches_reference(bf, ws, amax, outs)
     outs[-1].view(torch.int16).view(-1)[5] ^= 1  # one bit of the last expert: the check must see it
     assert not matches_reference(bf, ws, amax, outs)
+
+
+def test_the_sweep_times_every_configuration_and_keeps_only_exact_ones(device, monkeypatch) -> None:
+    """``bench --sweep`` on small experts (a stand-in timer: each launch runs once): every planned
+    configuration of the chosen columns gives a row with its time, ceiling and bit check; the
+    fastest configuration is the best only if its output is exact, and one whose launch fails is a
+    row with its error, not the end of the sweep."""
+    from moe_fq_parity.benchmarks import profiling
+
+    kinds = "int8,mxfp8+2d,bwd_clipped"
+    calls = []
+
+    def timer(fns):  # per forward row: the kernel's time, then (after the bit check) the ceiling's
+        for fn in fns:
+            fn()
+        calls.append(len(fns))
+        if len(calls) == 3:  # int8's second configuration
+            raise RuntimeError("launch refused")
+        return 0.5 if len(calls) == 4 else 1.0  # int8's third configuration: the fastest, and made wrong below
+
+    real = profiling.matches_reference
+    monkeypatch.setattr(profiling, "matches_reference",
+                        lambda bf, ws, amax, outs: real(bf, ws, amax, outs) and not (bf.key == "int8" and len(calls) == 4))  # fmt: skip
+    rows, best = profiling.sweep(1.0, kinds, case=(2, (16, 256)), l2=(2, (16, 256)), timer=timer, device=device)
+    plan = profiling.sweep_plan(kinds)
+    assert [(r["kind"], r["config_name"]) for r in rows] == [(k, n) for k, n, _ in plan]
+    assert rows[1]["error"] == "RuntimeError: launch refused"
+    assert rows[2]["ms"] == 0.5 and rows[2]["exact"] is False
+    assert all(r["exact"] for r in rows if r is not rows[2] and "error" not in r), [r for r in rows if not r.get("exact")]
+    assert all("ceiling_pct" in r for r in rows if r.get("exact") and r["kind"] != "bwd_clipped")
+    assert best["int8"] == plan[0][2]  # not the wrong, faster one
+    assert set(best) == {"int8", "mxfp8+2d", "bwd_clipped"}
