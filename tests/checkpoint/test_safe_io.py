@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import pickle
 import warnings
 
@@ -111,6 +112,41 @@ def test_misfit_messages_name_key_and_both_shapes(ckpt):
     assert any("key 'amax'" in t and "dtype torch.float32 != target dtype torch.bfloat16" in t for t in text)
     assert "key 'extra': missing from checkpoint (target shape (1,))" in text
     assert "key 'scalar': in checkpoint (shape ()) but not in the target layout" in text
+
+
+class _ByName:
+    """Pickles as ``getattr(cls, name)``: how Python 3.11.2 pickles an enum member."""
+
+    def __init__(self, cls, name):
+        self.cls, self.name = cls, name
+
+    def __reduce__(self):
+        return getattr, (self.cls, self.name)
+
+
+def test_enum_members_pickled_by_name_are_read_and_nothing_else_through_getattr(ckpt, monkeypatch):
+    """Python 3.11.2 pickles DCP's enums (``_MEM_FORMAT_ENCODING``, ``WriteItemType``) by name,
+    through ``builtins.getattr``: the checkpoint section failed every load of a DCP checkpoint
+    written there.  A member of an allow-listed enum is read; ``getattr`` on anything else is not."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    md = read_metadata(ckpt)
+    with monkeypatch.context() as m:  # rewrite the metadata with its enum members by name, as 3.11.2 writes them
+        m.setattr(_MEM_FORMAT_ENCODING, "__reduce_ex__", lambda self, proto: (getattr, (type(self), self.name)))
+        with open(os.path.join(ckpt, ".metadata"), "wb") as f:
+            pickle.dump(md, f)
+    with open(os.path.join(ckpt, ".metadata"), "rb") as f:
+        assert b"getattr" in f.read()
+    back = load_full(ckpt)
+    assert all(bool(bits_equal(back[k], v).all()) for k, v in TENSORS.items())
+    assert read_metadata(ckpt).state_dict_metadata["w"].properties.memory_format is torch.contiguous_format
+    for cls, name, what in ((WriteItemType, "__init__", "WriteItemType, '__init__'"), (pathlib.Path, "home", "Path, 'home'"),
+                            (torch.Size, "count", "Size, 'count'")):  # fmt: skip
+        with open(os.path.join(ckpt, ".metadata"), "wb") as f:
+            pickle.dump(_ByName(cls, name), f)
+        with pytest.raises(UnsafeCheckpointError, match=f"getattr\\({what}\\)"):
+            read_metadata(ckpt)
 
 
 def test_allow_list_is_small():

@@ -6,8 +6,8 @@ and loads non-tensor entries (``BytesStorageMetadata``) with ``torch.load(weight
 crafted checkpoint could run code through either.  Here:
 
 * ``read_metadata`` unpickles ``.metadata`` with an allow-list of the DCP metadata classes,
-  ``torch.Size``, torch dtypes and ``pathlib`` paths (``ALLOWED_GLOBALS``); anything else is an
-  ``UnsafeCheckpointError`` naming the global;
+  ``torch.Size``, torch dtypes and ``pathlib`` paths (``ALLOWED_GLOBALS``), and the by-name form of
+  their enum members; anything else is an ``UnsafeCheckpointError`` naming the global;
 * ``SafeFileSystemReader`` is DCP's file reader with that metadata reader;
 * ``SafeLoadPlanner`` refuses byte entries instead of unpickling them; ``check_entries`` refuses a
   requested key stored as bytes before any load starts;
@@ -28,6 +28,7 @@ chunk's shape and the entry's dtype, and the chunks must tile the entry.
 
 from __future__ import annotations
 
+import enum
 import io
 import math
 import os
@@ -93,10 +94,23 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint asks to unpickle something other than tensors and DCP metadata."""
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What ``builtins.getattr`` may do in the metadata: some Python versions (3.11.2 here; 3.11.7
+    and 3.12.1 pickle by value) pickle an enum member by name, as ``getattr(EnumClass, "NAME")``.
+    Only a member of an allow-listed enum class is given; any other ``getattr`` is refused."""
+    if (isinstance(cls, type) and issubclass(cls, enum.Enum) and (cls.__module__, cls.__qualname__) in ALLOWED_GLOBALS
+            and isinstance(name, str) and name in cls.__members__):  # fmt: skip
+        return cls[name]
+    raise UnsafeCheckpointError(f"checkpoint metadata calls getattr({getattr(cls, '__qualname__', type(cls).__name__)}, {name!r}), "
+                                "which is not a member of an allow-listed enum; refused")  # fmt: skip
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointError(f"checkpoint metadata references {module}.{name}, which is not on the allow-list; refused")
