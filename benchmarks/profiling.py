@@ -137,7 +137,8 @@ def triton_copypct(copy_gbps: float) -> float:
     return 100 * 4 * n * shape[0] * shape[1] / ms / 1e6 / copy_gbps
 
 
-def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (512, 2048)) -> dict:
+def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (512, 2048), *, case: tuple[int, tuple[int, int]] = PRODUCTION[1:],
+                    timer: Callable[[list[Callable[[], None]]], float] = graph_ms, device: str = "cuda") -> dict:
     """Per format: the arithmetic ceiling, i.e. the kernel's throughput with (almost) no HBM traffic:
     ``n`` experts that are all the same 2 MB tensor, every output written to one 2 MB buffer (the
     table's output offsets zeroed), so loads and stores stay in L2 while the programs, tiles and
@@ -145,27 +146,27 @@ def profile_formats(copy_gbps: float, n: int = 256, shape: tuple[int, int] = (51
     plain Triton copy with that tiling.  Reported as nominal GB/s and as % of the measured HBM copy
     bandwidth: a format whose ceiling is below 100% cannot reach copy bandwidth on this GPU (and on
     a GPU with the same SMs and faster HBM, it reaches at most ceiling/copy there).  Also registers,
-    spills, warps and PTX instruction counts of the production-case launch."""
+    spills, warps and PTX instruction counts of the ``case`` launch (the Ultra production case)."""
     from moe_fq_parity.kernels.copy_kernel import tiled_copy_kernel  # deferred: imports Triton
 
     out: dict = {}
-    l2 = L2Resident(n, shape)
+    l2 = L2Resident(n, shape, device=device)
     table, w, flat, nominal = l2.table, l2.w, l2.flat, l2.nominal
     for bf in FORMATS:
-        ms = graph_ms([l2.launch(bf)])
+        ms = timer([l2.launch(bf)])
         out[bf.key] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
     tile = tile_for(table.shapes, FWD_CONFIG[parse_spec("fp8_e4m3", None, {}).code], w.device)
     grid = grid_for(table.shapes, tile)
     xi, fi = w.view(torch.int16), flat.view(torch.int16)
-    ms = graph_ms([lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=tile.tpp,
-                                                    num_warps=tile.num_warps)])  # fmt: skip
+    ms = timer([lambda: tiled_copy_kernel[grid](xi, fi, table.meta, n, VEC=table.xvec, BR=tile.br, BC=tile.bc, TPP=tile.tpp,
+                                                 num_warps=tile.num_warps)])  # fmt: skip
     out["triton_copy"] = {"ceiling_gbps": nominal / ms / 1e6, "ceiling_pct_of_hbm_copy": pct(nominal, ms, copy_gbps)}
-    _, n, shape = PRODUCTION
-    prod = KernelRunner([make_experts(n, shape, seed=0)])
+    prod = KernelRunner([make_experts(case[0], case[1], seed=0, device=device)])
     for bf in FORMATS:
         fmt = bf.key
         k = prod.fwd(bf)[0]()
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
         try:
             ptx = k.asm.get("ptx", "")
             instr = [ln for ln in ptx.splitlines() if ln.strip().endswith(";") and not ln.strip().startswith((".", "//"))]

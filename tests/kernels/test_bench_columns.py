@@ -61,3 +61,22 @@ def test_the_sweep_times_every_configuration_and_keeps_only_exact_ones(device, m
     assert all("ceiling_pct" in r for r in rows if r.get("exact") and r["kind"] != "bwd_clipped")
     assert best["int8"] == plan[0][2]  # not the wrong, faster one
     assert set(best) == {"int8", "mxfp8+2d", "bwd_clipped"}
+
+
+def test_the_profile_measures_every_column_and_the_copy(device) -> None:
+    """``bench --profile`` on small experts with a stand-in timer (each launch runs once and takes
+    "1 ms"): a ceiling for every column and for the Triton copy through the same tiling, and
+    compiled-kernel facts (or, under the interpreter, why there are none)."""
+    from moe_fq_parity.benchmarks import profiling
+
+    def timer(fns):
+        for fn in fns:
+            fn()
+        return 1.0
+
+    out = profiling.profile_formats(1.0, n=3, shape=(16, 256), case=(2, (16, 256)), timer=timer, device=device)
+    assert set(out) == {b.key for b in FORMATS} | {"triton_copy"}
+    nominal = 4 * 3 * 16 * 256
+    assert all(out[k]["ceiling_gbps"] == nominal / 1e6 and out[k]["ceiling_pct_of_hbm_copy"] == 100.0 * nominal / 1e6 for k in out)
+    for b in FORMATS:
+        assert ("n_regs" in out[b.key]) == (device == "cuda") or "compiled_facts_error" in out[b.key], out[b.key]
