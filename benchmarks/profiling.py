@@ -100,12 +100,12 @@ def sweep(copy_gbps: float, kinds: str = "", *, case: tuple[int, tuple[int, int]
         try:
             if key == "bwd_clipped":
                 row["ms"] = timer(runner.bwd(grads, cfg))
-                row["pct_copy"] = 100 * 6 * numel / row["ms"] / 1e6 / copy_gbps
+                row["pct_copy"] = pct(6 * numel, row["ms"], copy_gbps)
                 row["exact"] = bwd_matches(*runner.sets[0], grads, cfg)
             else:
                 bf = BY_KEY[key]
                 row["ms"] = timer(runner.fwd(bf, cfg))
-                row["pct_copy"] = 100 * 4 * numel / row["ms"] / 1e6 / copy_gbps
+                row["pct_copy"] = pct(4 * numel, row["ms"], copy_gbps)
                 row["exact"] = all(matches_reference(bf, ws, amax, outs) for (ws, amax), (_, outs) in zip(runner.sets, runner.outs))
                 row["ceiling_pct"] = pct(resident.nominal, timer([resident.launch(bf, cfg)]), copy_gbps)
         except Exception as exc:  # noqa: BLE001  (a configuration the kernel refuses is a row, not the end of the sweep)

@@ -300,8 +300,9 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
                     IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
                     INT_DIV: tl.constexpr):
     """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, R, NB, block]`` for
-    square blocks; partial blocks zero-padded) for a format whose scales come from the data, given
-    ``bmax``, the block max of ``magnitude_bits`` (keep_dims; exact, a NaN orders above inf): the format's scales per block from
+    square blocks; partial blocks zero-padded) for a format whose scales come from the data, given the
+    input as fp32 ``x``, its ``magnitude_bits`` ``mag`` and their block max ``bmax`` (keep_dims;
+    exact, a NaN orders above inf): the format's scales per block from
     the block amax ``A`` and its element rounding on magnitudes, the input's sign OR-ed back (INT4
     zero blocks: +0)."""
     A = bmax.to(tl.float32, bitcast=True)
@@ -331,8 +332,8 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
 @triton.jit
 def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
                 HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
-    """NVFP4 output bits of a tile of input ``bits`` given ``bmax``, its block max of
-    ``magnitude_bits`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
+    """NVFP4 output bits of a tile of input ``bits`` (fp32 ``x``, ``magnitude_bits`` ``mag``) given
+    ``bmax``, its block max of ``mag`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
     ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
     block_nan = bmax > INF_BITS
     y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT, HW_E4M3)

@@ -63,19 +63,30 @@ def test_the_sweep_times_every_configuration_and_keeps_only_exact_ones(device, m
     assert set(best) == {"int8", "mxfp8+2d", "bwd_clipped"}
 
 
-def test_the_profile_measures_every_column_and_the_copy(device) -> None:
+def test_the_profile_measures_every_column_and_the_copy(device, monkeypatch) -> None:
     """``bench --profile`` on small experts with a stand-in timer (each launch runs once and takes
-    "1 ms"): a ceiling for every column and for the Triton copy through the same tiling, and
-    compiled-kernel facts (or, under the interpreter, why there are none)."""
+    "1 ms"): a ceiling for every column, each timed on its own format's launch, and for the Triton
+    copy through the same tiling, and compiled-kernel facts (or, under the interpreter, why there
+    are none)."""
     from moe_fq_parity.benchmarks import profiling
+    from moe_fq_parity.kernels.formats import parse_spec
+
+    timed, launched = [], []
+    real = profiling.launch.fwd_list
+    monkeypatch.setattr(profiling.launch, "fwd_list",
+                        lambda table, ws, flat, view, spec, **kw: launched.append(spec) or real(table, ws, flat, view, spec, **kw))  # fmt: skip
 
     def timer(fns):
+        launched.clear()
         for fn in fns:
             fn()
+        timed.append(list(launched))
         return 1.0
 
     out = profiling.profile_formats(1.0, n=3, shape=(16, 256), case=(2, (16, 256)), timer=timer, device=device)
     assert set(out) == {b.key for b in FORMATS} | {"triton_copy"}
+    assert timed[: len(FORMATS)] == [[parse_spec(b.fmt, None, b.options)] for b in FORMATS]
+    assert timed[len(FORMATS)] == []  # the copy: no fake-quant launch
     nominal = 4 * 3 * 16 * 256
     assert all(out[k]["ceiling_gbps"] == nominal / 1e6 and out[k]["ceiling_pct_of_hbm_copy"] == 100.0 * nominal / 1e6 for k in out)
     for b in FORMATS:
