@@ -87,7 +87,10 @@ def exact_fma(device_type: str) -> bool:
 def hw_bf16_rne(device: torch.device) -> bool:
     """Does fp32 -> bf16 ``.to(tl.bfloat16)`` round to nearest even on ``device``, in one instruction?
 
-    On CUDA devices of compute capability 8.0 and later (``cvt.rn.bf16.f32``).  Not under Triton's
+    On CUDA devices of compute capability 8.0 and later (``cvt.rn.bf16.f32``, ``cvt.rn.bf16x2.f32``
+    for pairs), which also writes the canonical NaN ``0x7FFF`` for every NaN input, either sign, any
+    payload (``tl_rounding.out_bits`` relies on it; measured on an H100 for both forms, and checked
+    by ``tests/kernels/test_tl_rounding.py`` on every GPU the tests run on).  Not under Triton's
     interpreter, whose cast truncates (``docs/measured.md`` section 1): there, and on older GPUs,
     the kernels round with integer operations (``tl_rounding.f32_to_bits``).  Both give the same bits.
     """

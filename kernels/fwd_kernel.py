@@ -179,7 +179,7 @@ def _int_magnitude(xs, s2, r2, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: 
     the same way (power-of-two scaling) but keeps ``|q| * RN(1/s2)`` finite for every finite amax;
     multiplying by 256 overflows exactly when ``RN(q/s)`` does.
     """
-    w = tl.minimum(tl.maximum(xs, LO), QMAX)  # NaN: the caller writes the NaN pattern
+    w = tl.minimum(tl.maximum(xs, LO, propagate_nan=tl.PropagateNan.ALL), QMAX, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
     return int_dequant_magnitude(rne_integer_magnitude(w), s2, r2, EXACT_FMA) * 256.0
 
 
@@ -243,12 +243,17 @@ def _nvfp4_magnitude(ax, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr, HW_E4M3:
 
 
 @triton.jit
-def _int4g_magnitude(x, A, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
+def _int4g_magnitude(x, A, bad, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA: tl.constexpr, INT_DIV: tl.constexpr):
     """INT4 group-wise "cuda" on a ``[BR, NB, 128]`` tile ``x`` given the block amax ``A`` ``[BR, NB, 1]``:
     ``s = RN(7/A)``, ``q = clamp(rint(RN(x*s)), -8, 7)``, ``|RN(q/s)|``; ``zero`` (the whole block
-    writes +0) where ``A < 2**-24``.  A block with a non-finite ``A`` gives garbage the caller replaces."""
+    writes +0) where ``A < 2**-24``.  Neither special block needs a select per element: a zero
+    block takes the scales of amax 1 (``_int_scales``), under which its elements (``|x| < 2**-24``,
+    ``|7 x| < 0.5``) all give ``q = 0`` and magnitude ``+0`` (the caller drops their sign); a block
+    holding NaN or inf (``bad``) is multiplied by NaN, so its magnitude is NaN exactly there (the
+    clamp propagates NaN)."""
     s, s2, r2, zero = _int_scales(A, QMAX, INT_DIV)
-    return tl.where(zero, 0.0, _int_magnitude(x * s, s2, r2, LO, QMAX, EXACT_FMA)), zero
+    s = tl.where(bad, float("nan"), s)
+    return _int_magnitude(x * s, s2, r2, LO, QMAX, EXACT_FMA), zero
 
 
 @triton.jit
@@ -311,22 +316,23 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
         bad = bmax >= INF_BITS  # NaN or inf in the block: no INT scale (the reference raises)
         if CHECK:
             _flag_each(flag_ptr, 5, bad)
-        y, zero = _int4g_magnitude(x, A, LO, QMAX, EXACT_FMA, INT_DIV)
+        y, zero = _int4g_magnitude(x, A, bad, LO, QMAX, EXACT_FMA, INT_DIV)
         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-        return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16)
+        return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16, True)
     elif FMT == _FMT_MXFP8:
         inv, dec = _mx_scales(A, 8)
         v = ax * inv
-        return out_bits(round_sat_e4m3(v, HW_E4M3) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16)
+        return out_bits(round_sat_e4m3(v, HW_E4M3) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, HW_E4M3)
     elif FMT == _FMT_MXFP4:
         inv, dec = _mx_scales(A, 2)
         v = ax * inv
-        return out_bits(round_mag_e2m1(tl.minimum(v, _E2M1_MAX)) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16)
+        y = round_mag_e2m1(tl.minimum(v, _E2M1_MAX, propagate_nan=tl.PropagateNan.ALL)) * dec  # NaN exactly where v is
+        return out_bits(y, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, True)
     else:
         s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV, EXACT_FMA)
         v = ax * s
         y = round_sat_e4m3(v, HW_E4M3) * inv  # 0 * inf (a block holding inf) is NaN
-        return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16)
+        return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16, HW_E4M3)
 
 
 @triton.jit
@@ -334,14 +340,15 @@ def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, 
                 HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
     """NVFP4 output bits of a tile of input ``bits`` (fp32 ``x``, ``magnitude_bits`` ``mag``) given
     ``bmax``, its block max of ``mag`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
-    ``CHECK``, and so is every block of an expert whose amax is ``bad``)."""
+    ``CHECK``, and so is every block of an expert whose amax is ``bad``; its ``gd`` is then NaN).
+    With the hardware E4M3 rounding the magnitude is NaN exactly there (``ds8`` is NaN for a NaN
+    block max, finite otherwise, and ``q * ds8 * gd`` carries either NaN), so no select is needed."""
     block_nan = bmax > INF_BITS
     y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT, HW_E4M3)
     if CHECK:
         _flag_each(flag_ptr, 4, block_nan)
-        return out_bits(y, x, bits, sign_all, tl.where(bad, True, block_nan), nan_all, IO, HW_BF16)  # per block
-    else:
-        return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16)
+        block_nan = tl.where(bad, True, block_nan)  # per block
+    return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16, HW_E4M3)
 
 
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
@@ -404,6 +411,8 @@ def fake_quant_fwd_kernel(
         if FMT == _FMT_NVFP4:
             gd, mult = _nvfp4_scales(a, INT_DIV)
             bad = _bad_amax(a)  # used only when CHECK
+            if CHECK:
+                gd = tl.where(bad, float("nan"), gd)
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
@@ -463,7 +472,7 @@ def fake_quant_fwd_kernel(
                             if zero_out:  # the expert writes +0
                                 out = tl.zeros(bits.shape, bits.dtype)
                             else:
-                                out = out_bits(_int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA), x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16)
+                                out = out_bits(_int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA), x, bits, sign_all, xs != xs, nan_all, IO, HW_BF16, True)
                         else:
                             y = tl.where(zero, 0.0, _int_magnitude(xs, s2, r2, LO, QMAX, EXACT_FMA))
                             smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
@@ -481,5 +490,5 @@ def fake_quant_fwd_kernel(
                             s, inv = _fp8_scales(a, INT_DIV)
                             s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
                         xs = tl.abs(x) * s
-                        out = out_bits(_fp8_magnitude(xs, inv, HW_E4M3), x, bits, sign_all, xs != xs, nanb, IO, HW_BF16)
+                        out = out_bits(_fp8_magnitude(xs, inv, HW_E4M3), x, bits, sign_all, xs != xs, nanb, IO, HW_BF16, HW_E4M3)
                 tl.store(yb + tile0 + offs, out, mask=mask)

@@ -149,21 +149,24 @@ def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.cons
 
 
 @triton.jit
-def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.constexpr):
+def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.constexpr, NAN_IN_Y: tl.constexpr = False):
     """Output bits of a format's fp32 magnitude ``ymag`` (>= 0) for input ``bits`` (fp32 value
     ``x``): ``ymag`` rounded to the IO dtype with the input's sign where ``smask`` (the IO width's
     sign mask, or 0 where the format drops the sign) keeps it, ``nan_bits`` where ``is_nan``.
 
     bf16 on a GPU (``HW_BF16``; ``nan_bits`` is then the canonical ``0x7FFF``): all in fp32 before
-    one paired ``cvt.rn.bf16.f32``: the sign OR-ed into the fp32 bits, ``0x7FFFFFFF`` where
-    ``is_nan`` (it converts to ``0x7FFF`` whether the conversion keeps or canonicalises a NaN's
-    payload).  The same bits as ``f32_to_bits`` (a sign OR-ed before or after a round to nearest
-    even of the magnitude gives the same bits), in about half the instructions: no 16-bit halves
-    taken out of and put back into 32-bit registers.  Elsewhere ``f32_to_bits``."""
+    one paired ``cvt.rn.bf16x2.f32``: the sign OR-ed into the fp32 bits, ``0x7FFFFFFF`` where
+    ``is_nan``.  The conversion writes ``0x7FFF`` for a NaN of either sign and any payload
+    (``env.hw_bf16_rne``), so ``NAN_IN_Y`` (the caller's ``ymag`` is NaN exactly where ``is_nan``)
+    skips the select: the NaN, sign bit OR-ed in or not, converts to the canonical NaN itself.  The
+    same bits as ``f32_to_bits`` (a sign OR-ed before or after a round to nearest even of the
+    magnitude gives the same bits), in about half the instructions: no 16-bit halves taken out of
+    and put back into 32-bit registers.  Elsewhere ``f32_to_bits`` (``is_nan`` is read there)."""
     if IO == _IO_BF16 and HW_BF16:
         s32 = smask.to(tl.int32) << 16
         z = (ymag.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & s32)).to(tl.float32, bitcast=True)
-        z = tl.where(is_nan, tl.full([], 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True), z)
+        if not NAN_IN_Y:
+            z = tl.where(is_nan, tl.full([], 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True), z)
         return z.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
     else:
         return f32_to_bits(ymag, bits & smask, is_nan, nan_bits, IO, HW_BF16)
