@@ -55,12 +55,13 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
     kw.update(amax_se=1, amax_sr=0)  # one amax per expert
     warps = kw.pop("num_warps")
     kw.pop("enable_fp_fusion")
+    options = dict(num_warps=warps, enable_fp_fusion=False, **({"maxnreg": kw.pop("maxnreg")} if "maxnreg" in kw else {}))
     sig = {"x_ptr": "*i16", "y_ptr": "*i16", "meta_ptr": "*i64", "amax_ptr": "*fp32", "flag_ptr": "*i32", "n_experts": "i32",
            "rows_u": "i32", "cols_u": "i32"}
     sig |= {k: "constexpr" for k in kw}
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in (*_POINTERS, "rows_u", "cols_u")}
     compiled = triton.compile(ASTSource(kernel, {a: sig[a] for a in kernel.arg_names}, kw, attrs), target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=warps, enable_fp_fusion=False))
+                              options=options)
     ptx = [ln.strip() for ln in compiled.asm["ptx"].splitlines()]
     ptx = [ln for ln in ptx if ln.endswith(";") and not ln.startswith((".", "//", "{", "}"))]
     ptx = [re.sub(r"^@!?%p\d+\s+", "", ln) for ln in ptx]

@@ -8,7 +8,7 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ``[BR, BC / block, block]`` tiles (``tiles.tile_3d``; a short last block of a row is zero-padded, as
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
-tiles are ``[TILE_R, BC]`` as ``[1, TILE_R, BC / block, block]`` (``tiles.tile_4d``; partial tiles
+tiles are ``[TILE_R, BC]`` as ``[1, BC / block, TILE_R, block]`` (``tiles.tile_4d``; 128x128: ``[1, TILE_R, BC / block, block]``; partial tiles
 zero-padded in both dims) and the max runs over two axes.  One-row tiles over rows that are whole
 multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t * BC`` and are loaded
 and stored without masks (``tiles.tile_aligned``).
@@ -304,7 +304,7 @@ def _mx_scales(A, EMAX: tl.constexpr):
 def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
                     IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
                     INT_DIV: tl.constexpr):
-    """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, R, NB, block]`` for
+    """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, NB, R, block]`` / ``[1, R, NB, block]`` for
     square blocks; partial blocks zero-padded) for a format whose scales come from the data, given the
     input as fp32 ``x``, its ``magnitude_bits`` ``mag`` and their block max ``bmax`` (keep_dims;
     exact, a NaN orders above inf): the format's scales per block from
@@ -381,6 +381,7 @@ def fake_quant_fwd_kernel(
     INT_DIV: tl.constexpr,
     FLAT: tl.constexpr,
     ALIGNED: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK: tl.constexpr,
     TILE_R: tl.constexpr,
     BR: tl.constexpr,
@@ -388,6 +389,7 @@ def fake_quant_fwd_kernel(
     TPP: tl.constexpr,
 ):
     """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
+    _ROWS_INNER: tl.constexpr = TILE_R * BLOCK <= 1024  # square blocks: tiles.tile_4d
     p = tl.program_id(0)
     e = tl.program_id(1)
     rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC, FLAT)
@@ -426,9 +428,9 @@ def fake_quant_fwd_kernel(
             t = p * TPP + k
             if t < n_t:
                 if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
-                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK)
+                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK, _ROWS_INNER)
                     bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(tl.max(io_magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=1, keep_dims=True)
+                    bmax = tl.max(tl.max(io_magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=2 if _ROWS_INNER else 1, keep_dims=True)
                     bmax = io_magnitude_to_f32_bits(bmax, IO)
                     x = bits_to_f32(bits, IO)
                     mag = magnitude_bits(x)
@@ -439,7 +441,7 @@ def fake_quant_fwd_kernel(
                                               HW_E4M3, INT_DIV)
                 elif FMT >= _FROM_DATA or FMT == _FMT_NVFP4:  # blocks of BLOCK along the row
                     if ALIGNED:
-                        tile0, offs = tile_aligned(t, BC, BLOCK)
+                        tile0, offs = tile_aligned(t, BC, BLOCK, SPLIT)
                         mask = None
                         bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
                     else:
@@ -448,6 +450,8 @@ def fake_quant_fwd_kernel(
                     x = bits_to_f32(bits, IO)
                     mag = magnitude_bits(x)
                     bmax = tl.max(mag, axis=2, keep_dims=True)
+                    if ALIGNED and SPLIT > 1:
+                        bmax = tl.max(bmax, axis=0, keep_dims=True)
                     if FMT == _FMT_NVFP4:
                         out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:

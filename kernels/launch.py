@@ -179,8 +179,28 @@ def row_aligned(shapes: Sequence[tuple[int, int]], tile: TileShape, spec: QuantS
             and all(c % tile.bc == 0 for r, c in shapes if r and c))  # fmt: skip
 
 
+def block_split(tile: TileShape, block: int, dtype: torch.dtype, aligned: bool) -> int:
+    """The forward's ``SPLIT``: in an aligned tile of blocks along the row, how many 16-byte vectors
+    of one block each thread holds.  A thread's vectors beyond the first lie in the same block
+    (``tiles.tile_aligned``), so each block's scale is computed by fewer threads, each once, and
+    its max needs fewer lanes: at most the thread's vectors per tile, at most the block's."""
+    if not aligned or not block:
+        return 1
+    vec = 16 // dtype.itemsize
+    per_thread = tile.br * tile.bc // (32 * tile.num_warps)
+    return max(1, min(per_thread // vec, block // vec))
+
+
 def _launch_opts(tile: TileShape) -> dict:
-    return dict(BR=tile.br, BC=tile.bc, TPP=tile.tpp, num_warps=tile.num_warps, enable_fp_fusion=False)
+    """Triton launch options of a tile: its geometry, its warps, no FMA contraction (the formats'
+    op sequences round every product), and for 16-warp programs (FP8 block-wise 128x128 tiles) a
+    cap of 64 registers a thread, so that two programs fit an SM's 65,536 registers: the compiler
+    gave the 128x128 kernel 92 without the cap (one program per SM, 76% of copy at Ultra, against
+    99% at 60 registers; ``docs/kernels_performance.md`` section 12)."""
+    opts = dict(BR=tile.br, BC=tile.bc, TPP=tile.tpp, num_warps=tile.num_warps, enable_fp_fusion=False)
+    if tile.num_warps >= 16:
+        opts["maxnreg"] = 65536 // (2 * 32 * tile.num_warps)
+    return opts
 
 
 def _stacked_shapes(x: torch.Tensor) -> list[tuple[int, int]]:
@@ -267,7 +287,8 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
         whole_blocks = not spec.block or all(c % spec.block == 0 for r, c in table.shapes if r and c)
         flat = 0 if per_channel or not whole_blocks or spec.tile_rows > 1 else table.flat
         use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
-        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=row_aligned(shapes, tile, spec, per_channel),
+        aligned = row_aligned(shapes, tile, spec, per_channel)
+        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=aligned, SPLIT=block_split(tile, spec.block, dtype, aligned),
                   **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))  # fmt: skip
         plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
@@ -332,7 +353,8 @@ def stacked_fwd_plan(shapes: list[tuple[int, int]], dtype: torch.dtype, device: 
     ``_fwd_constexprs``."""
     keeps_rows = per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
     _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
-    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False, ALIGNED=row_aligned(used, tile, spec, per_channel),
+    aligned = row_aligned(used, tile, spec, per_channel)
+    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False, ALIGNED=aligned, SPLIT=block_split(tile, spec.block, dtype, aligned),
               **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile))  # fmt: skip
     return grid_for(used, tile), kw, used
 

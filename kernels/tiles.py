@@ -71,16 +71,21 @@ def tile_2d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr):
+def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1):
     """Tile ``t`` of an expert whose tiled rows are multiples of ``BC`` long, in one-row tiles
     (``ALIGNED``, host-checked): it starts at element ``t * BC`` and is whole, so it needs no
     row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or
-    ``[1, BC // B, B]`` (blocks of ``B`` along the row)."""
+    ``[K, BC // B, B // K]`` (blocks of ``B`` along the row, each cut into ``K`` parts on the
+    leading axis).  Triton's default layout gives a thread the same position on the leading axis'
+    ``K`` slices (the axis it repeats over), so the ``K`` parts of a block are one thread's: the
+    block max reduces over axes 0 and 2, and per-block values are computed once per thread
+    (``launch.block_split`` chooses ``K``)."""
     tile0 = t.to(tl.int64) * BC
     if B == 0:
         return tile0, tl.arange(0, BC)[None, :]
     else:
-        return tile0, tl.arange(0, BC // B)[None, :, None] * B + tl.arange(0, B)[None, None, :]
+        return tile0, (tl.arange(0, K)[:, None, None] * (B // K) + tl.arange(0, BC // B)[None, :, None] * B
+                       + tl.arange(0, B // K)[None, None, :])  # fmt: skip
 
 
 @triton.jit
@@ -96,14 +101,23 @@ def tile_3d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, B: tl.const
 
 
 @triton.jit
-def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, B: tl.constexpr):
-    """Tile ``t`` as ``[BR // R, R, BC // B, B]``: square ``R x B`` blocks (``BR`` a multiple of ``R``,
-    so every block starts on a row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns
-    of a partial block past the expert's edge are masked (they load as zero)."""
+def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, B: tl.constexpr, ROWS_INNER: tl.constexpr):
+    """Tile ``t`` of square ``R x B`` blocks (``BR`` a multiple of ``R``, so every block starts on a
+    row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns of a partial block past
+    the expert's edge are masked (they load as zero).  Offsets ``[BR // R, BC // B, R, B]`` with
+    ``ROWS_INNER`` (the block's rows next to its columns: Triton's default layout puts a block's rows
+    on the lanes of a warp and the warps on different blocks, so the block max needs at most the
+    block's own lanes: NVFP4 16x16 at Ultra 86% -> 97% of copy, MX 32x32 ceilings 146 -> 160%),
+    else ``[BR // R, R, BC // B, B]`` (a block's rows across the warps: FP8 block-wise 128x128,
+    whose 128 rows do not fit a warp, measured 140% against 121% with the rows inner;
+    ``docs/kernels_performance.md`` section 12).  The block axes are 2 and 3, or 1 and 3."""
     tr = t // n_tc
     r0 = tr * BR
     c0 = (t - tr * n_tc) * BC
-    rl = tl.arange(0, BR // R)[:, None, None, None] * R + tl.arange(0, R)[None, :, None, None]
-    cl = tl.arange(0, BC // B)[None, None, :, None] * B + tl.arange(0, B)[None, None, None, :]
+    if ROWS_INNER:
+        rl = tl.arange(0, BR // R)[:, None, None, None] * R + tl.arange(0, R)[None, None, :, None]
+        cl = tl.arange(0, BC // B)[None, :, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    else:
+        rl = tl.arange(0, BR // R)[:, None, None, None] * R + tl.arange(0, R)[None, :, None, None]
+        cl = tl.arange(0, BC // B)[None, None, :, None] * B + tl.arange(0, B)[None, None, None, :]
     return r0.to(tl.int64) * cols + c0, rl * cols + cl, ((r0 + rl) < rows) & ((c0 + cl) < cols)
-

@@ -1,8 +1,9 @@
 """One-row tiles over rows that are whole multiples of the tile (``ALIGNED``: the production
 launch at the model shapes): tile ``t`` starts at element ``t * BC`` and is loaded and stored
 without a mask.  Every format, ragged and empty experts, one and three tiles per program (bf16;
-fp32 input, whose elements are 32-bit, with three), bit for bit against the reference; the plan must say ``ALIGNED`` (else the test checks nothing new), and a
-row that is not a multiple of the tile must not."""
+fp32 input, whose elements are 32-bit, with three), and tiles whose threads hold several vectors
+of one block (``SPLIT``), bit for bit against the reference; the plan must say ``ALIGNED`` (else
+the test checks nothing new), and a row that is not a multiple of the tile must not."""
 
 from __future__ import annotations
 
@@ -34,14 +35,31 @@ def _experts(gen: torch.Generator, fmt: str, dtype: torch.dtype, shapes: list[tu
     return expert_weights(gen, shapes, dtype, specials=fmt != "nvfp4")
 
 
-@pytest.mark.parametrize("dtype,tpp", [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.float32, 3)], ids=["bf16-tpp1", "bf16-tpp3", "fp32-tpp3"])
+WIDE = [(12, 1024), (0, 1024), (5, 2048)]
+LAYOUTS = {  # (dtype, tiles per program, tile width, shapes): a one-warp tile of 256 holds 8 elements a thread, of 1024 32
+    "bf16-tpp1": (torch.bfloat16, 1, 256, SHAPES),
+    "bf16-tpp3": (torch.bfloat16, 3, 256, SHAPES),
+    "fp32-tpp3": (torch.float32, 3, 256, SHAPES),
+    "bf16-split": (torch.bfloat16, 1, 1024, WIDE),
+    "fp32-split": (torch.float32, 2, 1024, WIDE),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("fmt,options", AMAX_FORMATS + DATA_FORMATS, ids=lambda v: v if isinstance(v, str) else "-".join(v) or "")
-def test_aligned_tiles_match_reference(fmt: str, options: dict, dtype: torch.dtype, tpp: int, gen: torch.Generator, device: str) -> None:
+def test_aligned_tiles_match_reference(fmt: str, options: dict, layout: str, gen: torch.Generator, device: str) -> None:
+    """The ``-split`` layouts give each thread several vectors of one block (``SPLIT`` 2 to 8): the
+    plan must say so for the block formats."""
+    dtype, tpp, bc, shapes = LAYOUTS[layout]
     spec = parse_spec(fmt, None, options)
-    ws = [w.to(device) for w in _experts(gen, fmt, dtype, SHAPES)]
-    cfg = launch.KernelConfig(256, 1, tiles_per_program=tpp)
+    ws = [w.to(device) for w in _experts(gen, fmt, dtype, shapes)]
+    cfg = launch.KernelConfig(bc, 1, tiles_per_program=tpp)
     table = tables.expert_table(ws)
-    assert launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]["ALIGNED"], f"{fmt}: the plan must tile aligned rows"
+    kw = launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]
+    assert kw["ALIGNED"], f"{fmt}: the plan must tile aligned rows"
+    assert kw["BC"] == bc, f"{fmt}: the plan's tile is {kw['BC']} wide, not {bc}"
+    if spec.block and layout.endswith("-split"):
+        assert kw["SPLIT"] > 1, f"{fmt}: the plan must give a thread more than one vector of a block"
     flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
     if fmt in BLOCK:
         amax, view = None, api.no_amax(ws[0].device)
@@ -50,7 +68,20 @@ def test_aligned_tiles_match_reference(fmt: str, options: dict, dtype: torch.dty
         view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=spec.code == FMT_NVFP4)
     launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, **options)
-    assert_same_bits(outs, want, ws, case=f"{fmt}{options}/{dtype}/aligned/tpp={tpp}")
+    assert_same_bits(outs, want, ws, case=f"{fmt}{options}/{layout}/aligned/SPLIT={kw['SPLIT']}")
+
+
+def test_block_split() -> None:
+    """``SPLIT``: the thread's 16-byte vectors per tile, at most the block's, 1 off the aligned path."""
+    tile = launch.TileShape(1, 2048, 4)  # 16 elements a thread
+    assert launch.block_split(tile, 16, torch.bfloat16, True) == 2  # NVFP4: the whole block in one thread
+    assert launch.block_split(tile, 32, torch.bfloat16, True) == 2
+    assert launch.block_split(tile, 128, torch.float32, True) == 4
+    assert launch.block_split(tile, 16, torch.float32, True) == 4
+    assert launch.block_split(launch.TileShape(1, 2048, 2), 128, torch.bfloat16, True) == 4
+    assert launch.block_split(launch.TileShape(1, 256, 4), 32, torch.bfloat16, True) == 1  # 2 elements a thread
+    assert launch.block_split(tile, 16, torch.bfloat16, False) == 1
+    assert launch.block_split(tile, 0, torch.bfloat16, True) == 1
 
 
 def test_unaligned_rows_are_not_aligned() -> None:
