@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         print("profile:", json.dumps(report["profile"]), flush=True)
         save()
     results = []
-    print(TABLE_NOTE)
-    print(TABLE_HEAD, flush=True)
+    if not args.no_cases:
+        print(TABLE_NOTE)
+        print(TABLE_HEAD, flush=True)
     for i, (name, n, shape) in enumerate([] if args.no_cases else case_list(args.quick)):
         if i == args.host_after and args.host_calls:
             report["host"] = host_distribution(args.host_calls, tuple(int(c) for c in args.host_counts.split(",")))
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
     report["seconds"] = time.time() - t0
     save()
-    print_table(results, copy_gbps)
+    if results:
+        print_table(results, copy_gbps)
     for r in report.get("host", []):
         print(f"host {r['entry']:52s} N={r['n']:3d}  median {r['median']:7.1f}  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f} us"
               f"  bound {r['bound_us'] or float('nan'):6.1f}  {'ok' if r['within_bound'] else ('-' if r['within_bound'] is None else 'OVER')}")  # fmt: skip

@@ -113,8 +113,8 @@ def sweep(copy_gbps: float, kinds: str = "", *, case: tuple[int, tuple[int, int]
         rows.append(row)
         if row.get("exact") and (key not in best or row["ms"] < best[key][0]):
             best[key] = (row["ms"], cfg)
-        shown = (f"{row['pct_copy']:5.1f}%  ceiling {row.get('ceiling_pct', float('nan')):5.1f}%  exact {row['exact']}" if "error" not in row
-                 else row["error"])  # fmt: skip
+        ceiling = f"{row['ceiling_pct']:5.1f}%" if "ceiling_pct" in row else "  n/a"  # the backward has no L2 ceiling here
+        shown = f"{row['pct_copy']:5.1f}%  ceiling {ceiling}  exact {row['exact']}" if "error" not in row else row["error"]
         print(f"  sweep {key:16s} {name:8s} block={cfg.block:5d} warps={cfg.num_warps:2d} tpp={cfg.tiles_per_program}  {shown}", flush=True)
     return rows, {k: v[1] for k, v in best.items()}
 
