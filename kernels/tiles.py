@@ -109,8 +109,8 @@ def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.const
     on the lanes of a warp and the warps on different blocks, so the block max needs at most the
     block's own lanes: NVFP4 16x16 at Ultra 86% -> 97% of copy, MX 32x32 ceilings 146 -> 160%),
     else ``[BR // R, R, BC // B, B]`` (a block's rows across the warps: FP8 block-wise 128x128,
-    whose 128 rows do not fit a warp, measured 140% against 121% with the rows inner;
-    ``docs/kernels_performance.md`` section 12).  The block axes are 2 and 3, or 1 and 3."""
+    whose 128 rows do not fit a warp's lanes; ``docs/kernels_performance.md`` section 12).  The
+    block axes are 2 and 3, or 1 and 3."""
     tr = t // n_tc
     r0 = tr * BR
     c0 = (t - tr * n_tc) * BC
