@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
     report["seconds"] = time.time() - t0
     save()
-    if results:
-        print_table(results, copy_gbps)
+    if results or "profile" in report:
+        print_table(results, copy_gbps, report.get("profile"))
     for r in report.get("host", []):
         print(f"host {r['entry']:52s} N={r['n']:3d}  median {r['median']:7.1f}  p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f} us"
               f"  bound {r['bound_us'] or float('nan'):6.1f}  {'ok' if r['within_bound'] else ('-' if r['within_bound'] is None else 'OVER')}")  # fmt: skip
