@@ -50,7 +50,7 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
 
     _, n, shape = PRODUCTION
     spec = parse_spec(bf.fmt, None, bf.options)
-    _, kw, used = launch.stacked_fwd_plan([shape] * n, torch.bfloat16, torch.device("cpu"), spec, False, check, launch.FWD_CONFIG[spec.code],
+    _, kw, used = launch.stacked_fwd_plan([shape] * n, torch.bfloat16, torch.device("cpu"), spec, False, check, launch.fwd_config(spec),
                                           facts=(True, True, arch >= 89))  # a GPU's (see the module docstring)
     kw.update(amax_se=1, amax_sr=0)  # one amax per expert
     warps = kw.pop("num_warps")

@@ -12,7 +12,7 @@ from moe_fq_parity.kernels import api, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
 from moe_fq_parity.kernels.formats import FMT_FP8, FMT_NVFP4, parse_spec
 from moe_fq_parity.kernels.geometry import grid_for
-from moe_fq_parity.kernels.launch import BWD_CONFIG, FWD_CONFIG, KernelConfig, tile_for
+from moe_fq_parity.kernels.launch import BWD_CONFIG, FWD_CONFIG, KernelConfig, fwd_config, tile_for
 
 from .cases import BY_KEY, FORMATS, PRODUCTION, BenchFormat, make_experts
 from .measure import KernelRunner, bwd_matches, graph_ms, matches_reference, pct
@@ -46,7 +46,7 @@ def sweep_plan(kinds: str = "") -> list[tuple[str, str, KernelConfig]]:
     for key in known:
         if wanted and key not in wanted:
             continue
-        base = BWD_CONFIG if key == "bwd_clipped" else FWD_CONFIG[parse_spec(BY_KEY[key].fmt, None, BY_KEY[key].options).code]
+        base = BWD_CONFIG if key == "bwd_clipped" else fwd_config(parse_spec(BY_KEY[key].fmt, None, BY_KEY[key].options))
         plan.append((key, "default", base))
         seen = {base}
         for name, change in SWEEP_CHANGES:

@@ -58,18 +58,35 @@ class KernelConfig:
 # sections 1, 8, 9 and 12): the L2-resident ceiling and the Ultra kernel of each candidate in one
 # process, kept where the acceptance cases (N=128, Super, Nano) hold.  32 elements per thread
 # (2048 x 2 warps) where the per-element work is cheap enough that fewer, fuller threads win (INT,
-# the block formats); FP8 keeps 16; per-expert or per-block division work is spread over
-# 2 tiles per program (NVFP4, INT4 group-wise) or 4 (FP8 block-wise fp32 scales).
+# the block formats); FP8 keeps 16; per-program or per-block division work is spread over 2 tiles
+# per program (INT4 group-wise), 4 (FP8 block-wise fp32 scales) or 8 (NVFP4, whose per-expert
+# global-scale divisions make the longest prologue: 187% ceiling against 180% with 2).
 FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_INT: KernelConfig(2048, 2, tiles_per_program=1),
     FMT_FP8: KernelConfig(2048, 4, tiles_per_program=1),
-    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=2, nvfp4_int_recip=False),
+    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=8, nvfp4_int_recip=False),
     FMT_INT4G: KernelConfig(2048, 2, tiles_per_program=2),
     FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1),
     FMT_FP8B_FP32S: KernelConfig(2048, 4, tiles_per_program=4),
     FMT_MXFP8: KernelConfig(2048, 2, tiles_per_program=1),
     FMT_MXFP4: KernelConfig(2048, 2, tiles_per_program=1),
 }
+FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
+    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=2, nvfp4_int_recip=False),
+}
+"""Square-block (``tile_2d``) launches whose best configuration differs from ``FWD_CONFIG``'s:
+NVFP4 16x16 with 8 tiles a program measured 170% ceiling but 95% of copy at Ultra and 80% at Nano,
+with 2 tiles 164% / 98% / 86% (1-D NVFP4 with 8: 187% / 96% / 88%; section 12)."""
+
+
+def fwd_config(spec: QuantSpec) -> KernelConfig:
+    """The forward's default configuration for ``spec`` (``FWD_CONFIG_SQUARE`` for square blocks
+    where it has one, else ``FWD_CONFIG``)."""
+    if spec.tile_rows > 1 and spec.code in FWD_CONFIG_SQUARE:
+        return FWD_CONFIG_SQUARE[spec.code]
+    return FWD_CONFIG[spec.code]
+
+
 BWD_CONFIG = KernelConfig(4096, 8, tiles_per_program=1)
 INTERPRETER_CONFIG = KernelConfig(65536, 4, max_waste=float("inf"), max_bc=65536)
 """Under the interpreter both division paths are numpy's IEEE division or exact integer code."""
@@ -289,7 +306,7 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
     plan = table.plans.get(pkey)
     if plan is None:
         device = table.device
-        cfg = _config(device, config, FWD_CONFIG[spec.code])
+        cfg = _config(device, config, fwd_config(spec))
         whole_blocks = not spec.block or all(c % spec.block == 0 for r, c in table.shapes if r and c)
         flat = 0 if per_channel or not whole_blocks or spec.tile_rows > 1 else table.flat
         use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
@@ -373,7 +390,7 @@ def fwd_stacked(
     device = x.device
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
-        return stacked_fwd_plan(shapes, x.dtype, device, spec, amax.per_channel, bool(check), _config(device, config, FWD_CONFIG[spec.code]))
+        return stacked_fwd_plan(shapes, x.dtype, device, spec, amax.per_channel, bool(check), _config(device, config, fwd_config(spec)))
 
     grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
     flags = checks.flags_for(device, check)

@@ -94,3 +94,19 @@ def test_unaligned_rows_are_not_aligned() -> None:
     assert not launch.row_aligned([(4, 256)], launch.TileShape(2, 256, 1), spec, False)
     assert not launch.row_aligned([(4, 256)], one_row, spec, True)
     assert not launch.row_aligned([(128, 256)], one_row, parse_spec("fp8_block", None, {"tile_2d": True}), False)
+
+
+def test_square_blocks_take_their_own_configuration_where_one_is_set() -> None:
+    """``launch.fwd_config``: NVFP4 16x16 launches with ``FWD_CONFIG_SQUARE`` (2 tiles a program),
+    1-D NVFP4 with ``FWD_CONFIG`` (8); a square-block format without an entry falls back to
+    ``FWD_CONFIG``; the plan a list launch builds uses the chosen one."""
+    nvfp4, nvfp4_2d = parse_spec("nvfp4", None, {}), parse_spec("nvfp4", None, {"tile_2d": True})
+    assert launch.fwd_config(nvfp4) is launch.FWD_CONFIG[nvfp4.code]
+    assert launch.fwd_config(nvfp4_2d) is launch.FWD_CONFIG_SQUARE[nvfp4.code]
+    assert launch.fwd_config(nvfp4_2d).tiles_per_program != launch.fwd_config(nvfp4).tiles_per_program
+    mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
+    assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
+    shapes = [(4096, 4096)] * 64  # enough tiles that no program count caps the tiles per program
+    for spec in (nvfp4, nvfp4_2d):
+        tile = launch.tile_for(shapes, launch.fwd_config(spec), torch.device("cpu"), spec.block, spec.tile_rows)
+        assert tile.tpp == launch.fwd_config(spec).tiles_per_program, spec

@@ -465,7 +465,7 @@ def test_e4m3_rounding_takes_the_hardware_conversion(fmt: str) -> None:
         ws[1][1, :2] = torch.tensor([float("nan"), -float("nan")])
     amax = torch.tensor([300.0, 2.5], device="cuda") if fmt in ("fp8_e4m3", "nvfp4") else None
     table = tables.expert_table(ws)
-    base = launch.FWD_CONFIG[spec.code]
+    base = launch.fwd_config(spec)
     for on in (True, False):
         cfg = replace(base, hw_e4m3=on)
         flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
