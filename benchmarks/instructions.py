@@ -36,6 +36,26 @@ _POINTERS = ("x_ptr", "y_ptr", "meta_ptr", "amax_ptr", "flag_ptr")
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)")
 
 
+_BLOCKED = re.compile(r"^#(blocked\d*) = #ttg\.blocked<\{(.*)\}>")
+_INPUT_LOAD = re.compile(r"tt\.load .*: tensor<([0-9x]+)x!tt\.ptr<i16>, #(blocked\d*)>")
+
+
+def input_layout(ttgir: str) -> dict:
+    """The layout Triton gave the tile of input bits (the first 16-bit tensor load): its shape and
+    ``sizePerThread``, ``threadsPerWarp``, ``warpsPerCTA`` per axis, read from the compiled TTGIR."""
+    layouts = {}
+    for line in ttgir.splitlines():
+        m = _BLOCKED.match(line)
+        if m:
+            layouts[m.group(1)] = {k.strip(): [int(v) for v in re.findall(r"\d+", val)] for k, val in
+                                   (f.split("=") for f in re.split(r",\s*(?=[a-zA-Z])", m.group(2)))}  # fmt: skip
+    for line in ttgir.splitlines():
+        m = _INPUT_LOAD.search(line)
+        if m:
+            return {"shape": [int(v) for v in m.group(1).split("x")], **layouts[m.group(2)]}
+    return {}
+
+
 def _ops(lines: Sequence[str]) -> Counter:
     return Counter(ln.split()[0] for ln in lines)
 
@@ -77,7 +97,8 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
     return {"column": bf.key, "check": check, "arch": arch, "tile": [kw["BR"], kw["BC"]], "tiles_per_program": kw["TPP"], "warps": warps,
             "shape_tiled": list(used[0]), "elements_per_thread": per_thread, "ptx": len(ptx), "sass": len(sass),
             "sass_per_element": round(len(sass) / per_thread, 2), "registers": int(regs.group(1)) if regs else None,
-            "ptx_top": _ops(ptx).most_common(12), "sass_top": Counter(sass).most_common(16)}
+            "ptx_top": _ops(ptx).most_common(12), "sass_top": Counter(sass).most_common(16), "split": kw.get("SPLIT", 1),
+            "input_layout": input_layout(compiled.asm["ttgir"])}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

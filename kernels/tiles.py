@@ -76,8 +76,10 @@ def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1):
     (``ALIGNED``, host-checked): it starts at element ``t * BC`` and is whole, so it needs no
     row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or
     ``[K, BC // B, B // K]`` (blocks of ``B`` along the row, each cut into ``K`` parts on the
-    leading axis).  Triton's default layout gives a thread the same position on the leading axis'
-    ``K`` slices (the axis it repeats over), so the ``K`` parts of a block are one thread's: the
+    leading axis).  The compiled kernel places no lane and no warp along that axis (its TTGIR for
+    NVFP4 at the Ultra launch: ``[2, 128, 8]``, sizePerThread ``[1, 1, 8]``, threadsPerWarp ``[1,
+    32, 1]``, warpsPerCTA ``[1, 2, 1]``; checked for every 1-D block format by
+    ``tests/kernels/test_instructions.py``), so the ``K`` parts of a block are one thread's: the
     block max reduces over axes 0 and 2, and per-block values are computed once per thread
     (``launch.block_split`` chooses ``K``)."""
     tile0 = t.to(tl.int64) * BC
@@ -105,9 +107,10 @@ def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.const
     """Tile ``t`` of square ``R x B`` blocks (``BR`` a multiple of ``R``, so every block starts on a
     row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns of a partial block past
     the expert's edge are masked (they load as zero).  Offsets ``[BR // R, BC // B, R, B]`` with
-    ``ROWS_INNER`` (the block's rows next to its columns: Triton's default layout puts a block's rows
-    on the lanes of a warp and the warps on different blocks, so the block max needs at most the
-    block's own lanes: NVFP4 16x16 at Ultra 86% -> 97% of copy, MX 32x32 ceilings 146 -> 160%),
+    ``ROWS_INNER`` (the block's rows next to its columns: the compiled NVFP4 16x16 kernel puts a
+    block's 16 rows x 2 vectors on the lanes of one warp and the warps on different blocks, checked
+    by ``tests/kernels/test_instructions.py``, so the block max needs at most the block's own
+    lanes: NVFP4 16x16 at Ultra 86% -> 97% of copy, MX 32x32 ceilings 146 -> 160%),
     else ``[BR // R, R, BC // B, B]`` (a block's rows across the warps: FP8 block-wise 128x128,
     whose 128 rows do not fit a warp's lanes; ``docs/kernels_performance.md`` section 12).  The
     block axes are 2 and 3, or 1 and 3."""

@@ -49,3 +49,23 @@ def test_bad_columns_and_the_interpreter_are_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.benchmarks.instructions"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and "TRITON_INTERPRET" in proc.stderr
+
+
+def test_a_blocks_parts_and_a_square_blocks_rows_lie_where_the_kernel_relies_on(tmp_path):
+    """The layouts ``tiles.tile_aligned`` (``SPLIT``) and ``tiles.tile_4d`` (``ROWS_INNER``) are
+    written for, read from the compiled kernels' TTGIR at the Ultra launch: a 1-D block tile
+    ``[K, NB, block / K]`` keeps its ``K`` axis in one thread (no lane, no warp along it) and a
+    block's ``block / K`` part on exactly its lanes; an NVFP4 16x16 tile ``[1, NB, 16, 16]`` puts a
+    block's rows and columns on the lanes of one warp (the warps on different blocks)."""
+    proc, rows = _profile(tmp_path, "--columns", "nvfp4,mxfp4,int4_group,nvfp4+2d")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    by = {r["column"]: r for r in rows}
+    for col in ("nvfp4", "mxfp4", "int4_group"):
+        lay, k = by[col]["input_layout"], by[col]["split"]
+        assert k > 1 and lay["shape"][0] == k, (col, lay, k)
+        assert lay["threadsPerWarp"][0] == 1 and lay["warpsPerCTA"][0] == 1, (col, lay)
+        assert lay["sizePerThread"][2] * lay["threadsPerWarp"][2] == lay["shape"][2] and lay["warpsPerCTA"][2] == 1, (col, lay)
+    lay = by["nvfp4+2d"]["input_layout"]
+    assert lay["shape"][2:] == [16, 16], lay
+    assert [s * t for s, t in zip(lay["sizePerThread"][2:], lay["threadsPerWarp"][2:])] == [16, 16], lay
+    assert lay["warpsPerCTA"][2:] == [1, 1], lay
