@@ -274,7 +274,10 @@ def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr, EXACT_FMA: 
         if INT_DIV:
             inv = div_rn_pos(tl.zeros_like(s) + 1.0, s)
         else:  # s in [448/FP32_MAX, 2**126]: operand and quotient normal; above (0 < amax < 448 * 2**-126) subnormal
-            inv = tl.where(s > _TWO126, recip_subnormal(s, EXACT_FMA), tl.math.div_rn(tl.zeros_like(s) + 1.0, s))
+            # recip_subnormal's own division overflows for a normal-quotient s and would take the back
+            # end's slow path in every block: it gets 2**126 there (its result unused)
+            sub = recip_subnormal(tl.maximum(s, _TWO126), EXACT_FMA)
+            inv = tl.where(s > _TWO126, sub, tl.math.div_rn(tl.zeros_like(s) + 1.0, s))
     else:
         sb = s.to(tl.int32, bitcast=True) & 0x7F800000
         sb = tl.where(s != s, 0x3F000000, sb)
