@@ -37,11 +37,12 @@ _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_
 
 
 _BLOCKED = re.compile(r"^#(blocked\d*) = #ttg\.blocked<\{(.*)\}>")
-_INPUT_LOAD = re.compile(r"tt\.load .*: tensor<([0-9x]+)x!tt\.ptr<i16>, #(blocked\d*)>")
+_INPUT_LOAD = re.compile(r"tt\.load .*: tensor<([0-9x]+)x!tt\.ptr<i(?:16|32)>, #(blocked\d*)>")
 
 
 def input_layout(ttgir: str) -> dict:
-    """The layout Triton gave the tile of input bits (the first 16-bit tensor load): its shape and
+    """The layout Triton gave the tile of input bits (the first 16-bit tensor load, or 32-bit: bf16
+    pairs, ``launch.block_layout``'s ``PAIRS``; tile shapes then count words): its shape and
     ``sizePerThread``, ``threadsPerWarp``, ``warpsPerCTA`` per axis, read from the compiled TTGIR."""
     layouts = {}
     for line in ttgir.splitlines():
@@ -98,7 +99,7 @@ def compile_column(bf: BenchFormat, arch: int = 90, check: bool = False) -> dict
             "shape_tiled": list(used[0]), "elements_per_thread": per_thread, "ptx": len(ptx), "sass": len(sass),
             "sass_per_element": round(len(sass) / per_thread, 2), "registers": int(regs.group(1)) if regs else None,
             "ptx_top": _ops(ptx).most_common(12), "sass_top": Counter(sass).most_common(16), "split": kw.get("SPLIT", 1),
-            "input_layout": input_layout(compiled.asm["ttgir"])}
+            "pairs": kw.get("PAIRS", False), "ties_low": kw.get("TIES_LOW", False), "input_layout": input_layout(compiled.asm["ttgir"])}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

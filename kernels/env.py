@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import torch
 
@@ -112,3 +113,19 @@ def hw_e4m3_rne(device: torch.device) -> bool:
     if device.type != "cuda" or interpret_mode():
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def layout_ties_low() -> bool:
+    """Does the installed Triton give a load's equally contiguous axes their lanes lowest axis first?
+
+    Triton's coalescing pass orders a load's axes by the contiguity of its offsets; the axes it
+    cannot tell apart (contiguity 1) it ordered lowest index first up to 3.6 and highest first from
+    3.8 (measured by compiling the forward for sm_90: a ``[K, NB, block / K]`` tile gets the order
+    ``[2, 0, 1]``, lanes along ``K``, from Triton 3.6.0 and ``[2, 1, 0]``, lanes along the blocks,
+    from 3.8.0 and 3.9.0).  The forward builds its block tiles in the arrangement that gives the
+    lanes it is written for under either rule (``tiles.tile_aligned``, ``tiles.tile_4d``);
+    ``tests/kernels/test_instructions.py`` checks the compiled layouts on the installed Triton."""
+    import triton
+
+    return tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2]) < (3, 7)

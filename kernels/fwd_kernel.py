@@ -72,6 +72,8 @@ from .formats import (
 )
 from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_aligned, tile_count
 from .tl_rounding import (
+    bf16_bits,
+    bf16_pairs,
     bits_to_f32,
     div_rn_normal,
     div_rn_pos,
@@ -304,6 +306,19 @@ def _mx_scales(A, EMAX: tl.constexpr):
 
 
 @triton.jit
+def _square_max(m, ROWS_INNER: tl.constexpr, K: tl.constexpr, TIES_LOW: tl.constexpr):
+    """Max over each square block of ``m`` (``tiles.tile_4d``'s axes, keep_dims): with ``ROWS_INNER``
+    a thread's ``K`` row groups first (axis 0, or 2 with ``TIES_LOW``), then its other rows' and
+    its columns' lanes; else the columns, then the rows (axis 1, or 2 with ``TIES_LOW``)."""
+    if ROWS_INNER:
+        if K > 1:
+            m = tl.max(m, axis=2 if TIES_LOW else 0, keep_dims=True)
+        return tl.max(tl.max(m, axis=3, keep_dims=True), axis=0 if TIES_LOW else 2, keep_dims=True)
+    else:
+        return tl.max(tl.max(m, axis=3, keep_dims=True), axis=2 if TIES_LOW else 1, keep_dims=True)
+
+
+@triton.jit
 def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
                     IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
                     INT_DIV: tl.constexpr):
@@ -390,9 +405,11 @@ def fake_quant_fwd_kernel(
     BR: tl.constexpr,
     BC: tl.constexpr,
     TPP: tl.constexpr,
+    PAIRS: tl.constexpr = False,
+    TIES_LOW: tl.constexpr = False,
+    ROWS_INNER: tl.constexpr = False,
 ):
     """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
-    _ROWS_INNER: tl.constexpr = TILE_R * BLOCK <= 1024  # square blocks: tiles.tile_4d
     p = tl.program_id(0)
     e = tl.program_id(1)
     rows, cols = expert_geometry(meta_ptr, n_experts, rows_u, cols_u, e, LIST, VEC, FLAT)
@@ -431,35 +448,56 @@ def fake_quant_fwd_kernel(
             t = p * TPP + k
             if t < n_t:
                 if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
-                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK, _ROWS_INNER)
-                    bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    bmax = tl.max(tl.max(io_magnitude_bits(bits, IO), axis=3, keep_dims=True), axis=2 if _ROWS_INNER else 1, keep_dims=True)
-                    bmax = io_magnitude_to_f32_bits(bmax, IO)
-                    x = bits_to_f32(bits, IO)
-                    mag = magnitude_bits(x)
+                    tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK, ROWS_INNER, SPLIT, TIES_LOW)
+                    if PAIRS:  # the same tile in words (cols and the tile's columns are even)
+                        tile0w, offsw, maskw = tile_4d(t, n_tc, rows, cols // 2, BR, BC // 2, TILE_R, BLOCK // 2, ROWS_INNER, SPLIT, TIES_LOW)
+                        w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, mask=maskw, other=0, eviction_policy="evict_first")
+                        x = bf16_pairs(w)
+                        mag = magnitude_bits(x)
+                        bits = bf16_bits(x)
+                        bmax = _square_max(tl.max(mag, axis=4, keep_dims=True), ROWS_INNER, SPLIT, TIES_LOW)
+                    else:
+                        bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                        bmax = io_magnitude_to_f32_bits(_square_max(io_magnitude_bits(bits, IO), ROWS_INNER, SPLIT, TIES_LOW), IO)
+                        x = bits_to_f32(bits, IO)
+                        mag = magnitude_bits(x)
                     if FMT == _FMT_NVFP4:
                         out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV)
+                    if PAIRS:
+                        out = tl.reshape(out, offs.shape)
                 elif FMT >= _FROM_DATA or FMT == _FMT_NVFP4:  # blocks of BLOCK along the row
                     if ALIGNED:
-                        tile0, offs = tile_aligned(t, BC, BLOCK, SPLIT)
+                        tile0, offs = tile_aligned(t, BC, BLOCK, SPLIT, TIES_LOW)
                         mask = None
-                        bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
+                        if PAIRS:
+                            tile0w, offsw = tile_aligned(t, BC // 2, BLOCK // 2, SPLIT, TIES_LOW)
+                            w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, eviction_policy="evict_first")
+                            x = bf16_pairs(w)
+                            mag = magnitude_bits(x)
+                            bits = bf16_bits(x)
+                            bmax = tl.max(mag, axis=3, keep_dims=True)
+                        else:
+                            bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
                     else:
                         tile0, offs, mask = tile_3d(t, n_tc, rows, cols, BR, BC, BLOCK)
                         bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
-                    x = bits_to_f32(bits, IO)
-                    mag = magnitude_bits(x)
-                    bmax = tl.max(mag, axis=2, keep_dims=True)
-                    if ALIGNED and SPLIT > 1:
-                        bmax = tl.max(bmax, axis=0, keep_dims=True)
+                    if not (ALIGNED and PAIRS):
+                        x = bits_to_f32(bits, IO)
+                        mag = magnitude_bits(x)
+                        bmax = mag
+                    if ALIGNED and SPLIT > 1:  # the thread's parts first (tiles.tile_aligned's axis 0, or 1), then the lanes
+                        bmax = tl.max(bmax, axis=1 if TIES_LOW else 0, keep_dims=True)
+                    bmax = tl.max(bmax, axis=2, keep_dims=True)
                     if FMT == _FMT_NVFP4:
                         out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV)
+                    if ALIGNED and PAIRS:
+                        out = tl.reshape(out, offs.shape)
                 else:
                     if ALIGNED:  # per expert only (per channel needs the row of each element)
                         tile0, offs = tile_aligned(t, BC, 0)

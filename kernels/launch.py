@@ -49,6 +49,21 @@ class KernelConfig:
     operands and quotients are provably normal there; NVFP4's ``1/ge`` takes the integer path only
     when its quotient is subnormal).  Both give the same bits; the integer path's 64-bit division
     cost every program a long serial prologue (``docs/kernels_performance.md`` section 9)."""
+    split_blocks: bool = True
+    """A block's parts in one thread (``SPLIT``: ``block_split``, ``square_split``), else 1.  Off
+    for MX: its 64-byte blocks in 16-byte parts give each warp access a 64-byte stride (H200,
+    MXFP8: 80% of copy from L2 and 83% at Ultra, against 196% and 97% without)."""
+    square_rows_on_lanes: bool = False
+    """Square blocks of at most 1024 elements on one warp's lanes (``tiles.tile_4d``'s
+    ``ROWS_INNER``) instead of a row of blocks on the lanes: fewer instructions (L2-resident
+    ceilings on an H200: NVFP4 16x16 116 -> 121%, MXFP4 32x32 123 -> 147%, MXFP8 32x32 141 -> 174%
+    of copy) but slower from memory (Ultra 95 -> 82, 95 -> 91, 96 -> 94%): off by default."""
+    bf16_pairs: bool = True
+    """bf16 block tiles loaded as int32 words of two elements (``PAIRS``; ``tl_rounding.bf16_pairs``)
+    where the experts are 16-byte aligned with rows of a multiple of 8 elements, else as int16."""
+    ties_low: Optional[bool] = None
+    """The block tiles' arrangement for a Triton that orders tied axes lowest first (``TIES_LOW``);
+    ``None``: the installed Triton's (``env.layout_ties_low``).  Either gives the same bits."""
     tiles_per_program: int = 1
     """Most tiles each program loops over (per-expert scales computed once per program); fewer
     when the problem is small (``geometry.tiles_per_program``)."""
@@ -68,8 +83,8 @@ FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_INT4G: KernelConfig(2048, 2, tiles_per_program=2),
     FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1),
     FMT_FP8B_FP32S: KernelConfig(2048, 4, tiles_per_program=4),
-    FMT_MXFP8: KernelConfig(2048, 2, tiles_per_program=1),
-    FMT_MXFP4: KernelConfig(2048, 2, tiles_per_program=1),
+    FMT_MXFP8: KernelConfig(2048, 2, tiles_per_program=1, split_blocks=False),
+    FMT_MXFP4: KernelConfig(2048, 2, tiles_per_program=1, split_blocks=False),
 }
 FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
     FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=2, nvfp4_int_recip=False),
@@ -214,6 +229,41 @@ def block_split(tile: TileShape, block: int, dtype: torch.dtype, aligned: bool) 
     return max(1, min(per_thread // vec, block // vec))
 
 
+def block_layout(tile: TileShape, spec: QuantSpec, dtype: torch.dtype, aligned: bool, vec: int, cfg: KernelConfig) -> dict:
+    """The forward's block-tile constexprs: ``ROWS_INNER`` (square blocks of at most 1024 elements
+    on one warp's lanes, ``cfg.square_rows_on_lanes``; ``tiles.tile_4d``), ``SPLIT`` (a block's
+    parts in one thread: ``block_split``, or ``square_split`` with ``ROWS_INNER``), ``PAIRS`` (bf16
+    tiles loaded as int32 words, ``tl_rounding.bf16_pairs``, where the block max stays within a
+    warp: aligned 1-D tiles and ``ROWS_INNER`` squares; ``vec > 1`` means 16-byte aligned experts
+    whose rows are multiples of 8 elements, so every word holds two elements of one row) and
+    ``TIES_LOW``.  Square tiles reduced across the warps through shared memory keep int16 loads:
+    there only the 16-bit input stays live across the reduction (FP8 128x128 with pairs, on an
+    H200: 79.6% of copy at Ultra against 87.8%; ``docs/kernels_performance.md`` section 13)."""
+    square = spec.tile_rows > 1
+    rows_inner = square and cfg.square_rows_on_lanes and spec.tile_rows * spec.block <= 1024
+    if not cfg.split_blocks or (square and not rows_inner):
+        split = 1
+    else:
+        split = square_split(tile, spec, dtype) if square else block_split(tile, spec.block, dtype, aligned)
+    pairs = cfg.bf16_pairs and dtype == torch.bfloat16 and vec > 1 and (rows_inner or (not square and aligned and spec.block > 0))
+    ties = env.layout_ties_low() if cfg.ties_low is None else cfg.ties_low
+    return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner)
+
+
+def square_split(tile: TileShape, spec: QuantSpec, dtype: torch.dtype) -> int:
+    """The forward's ``SPLIT`` for square blocks of at most 1024 elements (``tiles.tile_4d``'s
+    ``ROWS_INNER``): how many row groups of one block each thread holds: all its 16-byte vectors
+    (so each thread computes one block scale a tile), and at least enough that a block's other
+    rows times its vectors per row fit one warp's 32 lanes (NVFP4 16x16 at 2048 x 2: 4, a block on
+    8 lanes; MX 32x32 in bf16: 4, a block on 32 lanes); 1 for larger blocks (their rows go across
+    the warps)."""
+    r, elements, vec = spec.tile_rows, spec.tile_rows * spec.block, 16 // dtype.itemsize
+    if r <= 1 or elements > 1024:
+        return 1
+    vectors = tile.br * tile.bc // (32 * tile.num_warps * vec)
+    return min(r, max(vectors, elements // (32 * vec), 1))
+
+
 def _launch_opts(tile: TileShape) -> dict:
     """Triton launch options of a tile: its geometry, its warps, no FMA contraction (the formats'
     op sequences round every product), and for 16-warp programs (FP8 block-wise 128x128 tiles) a
@@ -311,7 +361,7 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
         flat = 0 if per_channel or not whole_blocks or spec.tile_rows > 1 else table.flat
         use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
         aligned = row_aligned(shapes, tile, spec, per_channel)
-        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=aligned, SPLIT=block_split(tile, spec.block, dtype, aligned),
+        kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=aligned, **block_layout(tile, spec, dtype, aligned, table.xvec, cfg),
                   **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))  # fmt: skip
         plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
@@ -370,14 +420,17 @@ def _stacked_plan(pkey: tuple, x: torch.Tensor, make: Callable[[list[tuple[int, 
 
 
 def stacked_fwd_plan(shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device, spec: QuantSpec, per_channel: bool,
-                     check: bool, cfg: KernelConfig, facts: Optional[tuple[bool, bool, bool]] = None) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
+                     check: bool, cfg: KernelConfig, facts: Optional[tuple[bool, bool, bool]] = None, base_aligned: bool = True
+                     ) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
     """``(grid, launch keywords, shapes tiled)`` of a stacked forward over ``shapes`` (the flat view
-    where the elements do not depend on their row), for a 16-byte aligned input; ``facts``: as
+    where the elements do not depend on their row); ``base_aligned``: the input starts 16-byte
+    aligned (else no bf16 pairs: a word load at an odd element address faults); ``facts``: as
     ``_fwd_constexprs``."""
     keeps_rows = per_channel or spec.tile_rows > 1 or (spec.block and shapes[0][1] % spec.block != 0)
     _, used, tile = tiling(shapes, 0 if keeps_rows else flat_width(shapes, FLAT_CAP), cfg, device, spec.block, spec.tile_rows)
     aligned = row_aligned(used, tile, spec, per_channel)
-    kw = dict(LIST=False, VEC=_stacked_vec(dtype, used[0][1]), FLAT=False, ALIGNED=aligned, SPLIT=block_split(tile, spec.block, dtype, aligned),
+    vec = _stacked_vec(dtype, used[0][1])
+    kw = dict(LIST=False, VEC=vec, FLAT=False, ALIGNED=aligned, **block_layout(tile, spec, dtype, aligned, vec if base_aligned else 1, cfg),
               **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile))  # fmt: skip
     return grid_for(used, tile), kw, used
 
@@ -390,9 +443,12 @@ def fwd_stacked(
     device = x.device
 
     def make(shapes: list[tuple[int, int]]) -> tuple[tuple[int, int], dict, list[tuple[int, int]]]:
-        return stacked_fwd_plan(shapes, x.dtype, device, spec, amax.per_channel, bool(check), _config(device, config, fwd_config(spec)))
+        return stacked_fwd_plan(shapes, x.dtype, device, spec, amax.per_channel, bool(check), _config(device, config, fwd_config(spec)),
+                                base_aligned=base_aligned)
 
-    grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config), x, make)
+    base_aligned = x.data_ptr() % 16 == 0
+    grid, kw, (n, rows, cols), fast = _stacked_plan(("fwd", x.shape, x.dtype, device, spec, amax.per_channel, bool(check), config, base_aligned), x,
+                                                    make)
     flags = checks.flags_for(device, check)
     fl = _dummy(device) if flags is None else flags
     a = amax.data

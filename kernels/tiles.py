@@ -71,20 +71,24 @@ def tile_2d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1):
+def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1, TIES_LOW: tl.constexpr = False):
     """Tile ``t`` of an expert whose tiled rows are multiples of ``BC`` long, in one-row tiles
     (``ALIGNED``, host-checked): it starts at element ``t * BC`` and is whole, so it needs no
-    row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or
-    ``[K, BC // B, B // K]`` (blocks of ``B`` along the row, each cut into ``K`` parts on the
-    leading axis).  The compiled kernel places no lane and no warp along that axis (its TTGIR for
-    NVFP4 at the Ultra launch: ``[2, 128, 8]``, sizePerThread ``[1, 1, 8]``, threadsPerWarp ``[1,
-    32, 1]``, warpsPerCTA ``[1, 2, 1]``; checked for every 1-D block format by
+    row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or,
+    for blocks of ``B`` along the row each cut into ``K`` parts, ``[K, BC // B, B // K]``, built as
+    ``[BC // B, K, B // K]`` with ``TIES_LOW`` (``env.layout_ties_low``; the kernel's block max
+    then reduces axis 1 where it would reduce axis 0).  Either way the compiled kernel places no lane and no warp along the parts'
+    axis (NVFP4 at the Ultra launch: ``[2, 128, 8]`` with sizePerThread ``[1, 1, 8]``,
+    threadsPerWarp ``[1, 32, 1]``, warpsPerCTA ``[1, 2, 1]``; checked for every 1-D block format by
     ``tests/kernels/test_instructions.py``), so the ``K`` parts of a block are one thread's: the
     block max reduces over axes 0 and 2, and per-block values are computed once per thread
     (``launch.block_split`` chooses ``K``)."""
     tile0 = t.to(tl.int64) * BC
     if B == 0:
         return tile0, tl.arange(0, BC)[None, :]
+    elif TIES_LOW:
+        return tile0, (tl.arange(0, BC // B)[:, None, None] * B + tl.arange(0, K)[None, :, None] * (B // K)
+                       + tl.arange(0, B // K)[None, None, :])  # fmt: skip
     else:
         return tile0, (tl.arange(0, K)[:, None, None] * (B // K) + tl.arange(0, BC // B)[None, :, None] * B
                        + tl.arange(0, B // K)[None, None, :])  # fmt: skip
@@ -103,21 +107,37 @@ def tile_3d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, B: tl.const
 
 
 @triton.jit
-def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, B: tl.constexpr, ROWS_INNER: tl.constexpr):
+def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, B: tl.constexpr, ROWS_INNER: tl.constexpr,
+            K: tl.constexpr = 1, TIES_LOW: tl.constexpr = False):
     """Tile ``t`` of square ``R x B`` blocks (``BR`` a multiple of ``R``, so every block starts on a
     row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns of a partial block past
-    the expert's edge are masked (they load as zero).  Offsets ``[BR // R, BC // B, R, B]`` with
-    ``ROWS_INNER`` (the block's rows next to its columns: the compiled NVFP4 16x16 kernel puts a
-    block's 16 rows x 2 vectors on the lanes of one warp and the warps on different blocks, checked
-    by ``tests/kernels/test_instructions.py``, so the block max needs at most the block's own
-    lanes: NVFP4 16x16 at Ultra 86% -> 97% of copy, MX 32x32 ceilings 146 -> 160%),
-    else ``[BR // R, R, BC // B, B]`` (a block's rows across the warps: FP8 block-wise 128x128,
-    whose 128 rows do not fit a warp's lanes; ``docs/kernels_performance.md`` section 12).  The
-    block axes are 2 and 3, or 1 and 3."""
+    the expert's edge are masked (they load as zero).  Two layouts, each built in the arrangement
+    that gives it under the installed Triton's tie rule (``TIES_LOW``, ``env.layout_ties_low``):
+
+    * default: a row of the tile's blocks on a warp's lanes, the rows across lanes and warps:
+      ``[BR // R, R, BC // B, B]`` (``[BR // R, BC // B, R, B]`` with ``TIES_LOW``); the block max
+      reduces over the columns and, across the warps through shared memory, the rows (NVFP4
+      16x16 at the Ultra launch: threadsPerWarp ``[1, 2, 8, 2]``; checked by
+      ``tests/kernels/test_instructions.py``).  Each warp access covers whole 128-byte lines.
+    * ``ROWS_INNER`` (``BR == R``, blocks of at most 1024 elements): ``[K, BC // B, R // K, B]``,
+      row ``k * (R // K) + i`` (``[R // K, BC // B, K, B]`` with ``TIES_LOW``; the same reduction
+      over axes 0, 2 and 3): a block's ``R // K`` rows x ``B`` columns on the lanes of one warp,
+      its ``K`` row groups in one thread (``launch.square_split``), the warps on different blocks:
+      no shared memory, no barrier, fewer instructions, but narrower accesses (MX 32x32: 64 bytes
+      of a row per warp access) and more registers; measured slower from memory
+      (``launch.KernelConfig.square_rows_on_lanes``).
+    """
     tr = t // n_tc
     r0 = tr * BR
     c0 = (t - tr * n_tc) * BC
     if ROWS_INNER:
+        if TIES_LOW:
+            rl = tl.arange(0, R // K)[:, None, None, None] + tl.arange(0, K)[None, None, :, None] * (R // K)
+            cl = tl.arange(0, BC // B)[None, :, None, None] * B + tl.arange(0, B)[None, None, None, :]
+        else:
+            rl = tl.arange(0, K)[:, None, None, None] * (R // K) + tl.arange(0, R // K)[None, None, :, None]
+            cl = tl.arange(0, BC // B)[None, :, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    elif TIES_LOW:
         rl = tl.arange(0, BR // R)[:, None, None, None] * R + tl.arange(0, R)[None, None, :, None]
         cl = tl.arange(0, BC // B)[None, :, None, None] * B + tl.arange(0, B)[None, None, None, :]
     else:

@@ -86,6 +86,21 @@ def bits_to_f32(bits, IO: tl.constexpr):
 
 
 @triton.jit
+def bf16_pairs(w):
+    """int32 words each holding two bf16 values (the lower address in the low half, as both GPUs
+    and x86 store them) -> their fp32 values ``[..., 2]`` (low half, high half), exactly: ``w <<
+    16`` and ``w & 0xFFFF0000``, one instruction per element.  The same values ``bits_to_f32``
+    gives from the int16 bits, which cost a byte permute and a shift each on the GPU."""
+    return tl.join(w << 16, w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_bits(x):
+    """fp32 ``x`` holding a bf16 value -> its int16 bits (exact: the low half is zero)."""
+    return (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+
+
+@triton.jit
 def magnitude_bits(x):
     """``|x|`` of fp32 ``x`` as an int32 whose order is the float order: its bits with the sign
     cleared (bitcast back, they are ``|x|``).  NaN orders above +inf (``> INF_BITS``), so one integer

@@ -7,16 +7,18 @@ the test checks nothing new), and a row that is not a multiple of the tile must 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from moe_fq_parity import reference
-from moe_fq_parity.kernels import api, launch, tables
+from moe_fq_parity.kernels import api, env, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
 from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
-from .test_block_formats import BLOCK, block_rows, boundary_amaxes
+from .test_block_formats import BLOCK, block_rows, boundary_amaxes, square_tiles
 
 SHAPES = [(48, 256), (0, 256), (17, 256), (5, 512)]
 AMAX_FORMATS = [("int8", {}), ("int4", {}), ("fp8_e4m3", {}), ("nvfp4", {})]
@@ -42,7 +44,16 @@ LAYOUTS = {  # (dtype, tiles per program, tile width, shapes): a one-warp tile o
     "fp32-tpp3": (torch.float32, 3, 256, SHAPES),
     "bf16-split": (torch.bfloat16, 1, 1024, WIDE),
     "fp32-split": (torch.float32, 2, 1024, WIDE),
+    "bf16-split-ties": (torch.bfloat16, 1, 1024, WIDE),  # the other Triton tie rule's arrangement (tiles.tile_aligned)
+    "bf16-split-int16": (torch.bfloat16, 2, 1024, WIDE),  # bf16 blocks loaded as int16, not as int32 pairs
 }
+
+
+def layout_config(layout: str, bc: int, tpp: int) -> launch.KernelConfig:
+    """The test's configuration of ``layout``: the ``-ties`` layouts take the arrangement the
+    installed Triton does not need (both must give the reference's bits)."""
+    return launch.KernelConfig(bc, 1, tiles_per_program=tpp, bf16_pairs=not layout.endswith("-int16"),
+                               ties_low=(not env.layout_ties_low()) if layout.endswith("-ties") else None)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -53,13 +64,15 @@ def test_aligned_tiles_match_reference(fmt: str, options: dict, layout: str, gen
     dtype, tpp, bc, shapes = LAYOUTS[layout]
     spec = parse_spec(fmt, None, options)
     ws = [w.to(device) for w in _experts(gen, fmt, dtype, shapes)]
-    cfg = launch.KernelConfig(bc, 1, tiles_per_program=tpp)
+    cfg = layout_config(layout, bc, tpp)
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]
     assert kw["ALIGNED"], f"{fmt}: the plan must tile aligned rows"
     assert kw["BC"] == bc, f"{fmt}: the plan's tile is {kw['BC']} wide, not {bc}"
-    if spec.block and layout.endswith("-split"):
+    if spec.block and "-split" in layout:
         assert kw["SPLIT"] > 1, f"{fmt}: the plan must give a thread more than one vector of a block"
+    assert kw["PAIRS"] == (bool(spec.block) and dtype == torch.bfloat16 and not layout.endswith("-int16")), (fmt, layout, kw["PAIRS"])
+    assert kw["TIES_LOW"] == (cfg.ties_low if cfg.ties_low is not None else env.layout_ties_low())
     flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
     if fmt in BLOCK:
         amax, view = None, api.no_amax(ws[0].device)
@@ -68,7 +81,7 @@ def test_aligned_tiles_match_reference(fmt: str, options: dict, layout: str, gen
         view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=spec.code == FMT_NVFP4)
     launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, **options)
-    assert_same_bits(outs, want, ws, case=f"{fmt}{options}/{layout}/aligned/SPLIT={kw['SPLIT']}")
+    assert_same_bits(outs, want, ws, case=f"{fmt}{options}/{layout}/aligned/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}")
 
 
 def test_block_split() -> None:
@@ -110,3 +123,66 @@ def test_square_blocks_take_their_own_configuration_where_one_is_set() -> None:
     for spec in (nvfp4, nvfp4_2d):
         tile = launch.tile_for(shapes, launch.fwd_config(spec), torch.device("cpu"), spec.block, spec.tile_rows)
         assert tile.tpp == launch.fwd_config(spec).tiles_per_program, spec
+
+
+SQUARE = [("nvfp4", 16), ("mxfp8", 32), ("mxfp4", 32), ("fp8_block", 128)]
+SQUARE_LAYOUTS = ["blocks", "blocks-ties", "rows", "rows-ties", "rows-int16"]
+
+
+@pytest.mark.parametrize("layout", SQUARE_LAYOUTS)
+@pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
+def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
+    """Square blocks (``tile_2d``) with rows a multiple of 8 elements (bf16 pairs: the tile and its
+    masks in int32 words) but of no whole block, rows of no whole tile: a row of blocks on the
+    lanes (default) or a block's rows on the lanes with its row groups in one thread (``rows``:
+    ``ROWS_INNER``, ``SPLIT`` > 1), each in the arrangement the installed Triton needs and the other
+    one (``-ties``), bf16 as pairs or as int16; list with an empty expert."""
+    opts = {"tile_2d": True}
+    spec = parse_spec(fmt, None, opts)
+    rows = square_tiles(gen, torch.bfloat16, block, 2 * block + 8, 6 if block == 128 else 40)
+    if fmt == "nvfp4":
+        rows = torch.where(rows.isfinite(), rows, torch.zeros((), dtype=rows.dtype))  # NVFP4 takes its scale from the amax modes below
+    cut = rows.shape[0] // 3
+    ws = [rows[:cut].to(device), rows[cut: cut + 0].to(device), rows[cut:].to(device)]
+    base = layout_config(layout.replace("blocks", "").replace("rows", ""), 2048, 2)
+    cfg = replace(base, num_warps=2, square_rows_on_lanes=layout.startswith("rows"))
+    table = tables.expert_table(ws)
+    kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
+    rows_inner = layout.startswith("rows") and block < 128
+    assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (rows_inner and not layout.endswith("int16")), kw
+    assert (kw["SPLIT"] > 1) == rows_inner, kw
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    if fmt == "nvfp4":
+        amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
+    else:
+        amax, view = None, api.no_amax(ws[0].device)
+    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    want = reference.fake_quant_experts(ws, amax, fmt, **opts)
+    assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/ROWS_INNER={rows_inner}/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}")
+
+
+OFF_16 = [("mxfp8", {}), ("int4_group", {}), ("fp8_block", {"fp32_scale": True})]
+
+
+@pytest.mark.parametrize("fmt,options", OFF_16, ids=["mxfp8", "int4_group", "fp8_block-fp32s"])
+def test_stacked_input_off_16_bytes_is_read_as_int16(fmt: str, options: dict, gen: torch.Generator, device: str) -> None:
+    """A stacked bf16 input that starts one element past a 16-byte boundary (a view into a larger
+    buffer): its int32 words would straddle element pairs (and fault on a GPU), so the plan takes
+    no pairs; the same data 16-byte aligned takes them; both give the reference's bits."""
+    from moe_fq_parity import kernels
+
+    x = torch.stack(_experts(gen, fmt, torch.bfloat16, [(64, 256)] * 3)).to(device)
+    buf = torch.empty(x.numel() + 8, dtype=x.dtype, device=device)
+    off = buf[1: 1 + x.numel()].view(x.shape)
+    off.copy_(x)
+    assert off.data_ptr() % 16 == 2 and off.is_contiguous()
+    want = reference.fake_quant(x, None, fmt, **options)
+    for inp in (x, off):
+        got = kernels.fake_quant(inp, None, fmt, **options)
+        assert_same_bits([got], [want], [x], case=f"{fmt}{options}/stacked/base%16={inp.data_ptr() % 16}")
+    spec = parse_spec(fmt, None, options)
+    cfg = launch.fwd_config(spec)  # the GPU's plan (the interpreter's tiles may be too wide to be aligned)
+    for aligned in (True, False):
+        kw = launch.stacked_fwd_plan([(64, 256)] * 3, torch.bfloat16, torch.device(device), spec, False, False, cfg, base_aligned=aligned)[1]
+        assert kw["PAIRS"] == aligned, (fmt, aligned, kw["PAIRS"])
