@@ -8,10 +8,14 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ``[BR, BC / block, block]`` tiles (``tiles.tile_3d``; a short last block of a row is zero-padded, as
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
-tiles are ``[TILE_R, BC]`` as ``[1, BC / block, TILE_R, block]`` (``tiles.tile_4d``; 128x128: ``[1, TILE_R, BC / block, block]``; partial tiles
-zero-padded in both dims) and the max runs over two axes.  One-row tiles over rows that are whole
-multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t * BC`` and are loaded
-and stored without masks (``tiles.tile_aligned``).
+tiles are ``TILE_R`` rows of whole blocks in one of ``tiles.tile_4d``'s layouts (partial tiles
+zero-padded in both dims) and the max runs over the block's rows and columns.  One-row tiles over
+rows that are whole multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t *
+BC`` and are loaded and stored without masks (``tiles.tile_aligned``; a block's ``SPLIT`` parts in
+one thread).  bf16 tiles whose block max stays in a warp are loaded as int32 words of two elements
+(``PAIRS``, ``tl_rounding.bf16_pairs``: the elements as a last axis of 2, put back in order before
+the store).  Tiles are built in the arrangement the installed Triton's layout rule needs
+(``TIES_LOW``, ``env.layout_ties_low``); every arrangement gives the same bits.
 
 Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
 ``tl.math.div_rn`` where operands and quotient are provably normal; ``recip_subnormal`` where only
