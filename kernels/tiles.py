@@ -118,7 +118,8 @@ def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.const
     * default: a row of the tile's blocks on a warp's lanes, the rows across lanes and warps:
       ``[BR // R, R, BC // B, B]`` (``[BR // R, BC // B, R, B]`` with ``TIES_LOW``); the block max
       reduces over the columns and, across the warps through shared memory, the rows (NVFP4
-      16x16 at the Ultra launch: threadsPerWarp ``[1, 2, 8, 2]``; checked by
+      16x16 at the Ultra launch: threadsPerWarp ``[1, 2, 8, 2]``, with Triton 3.6 ``[1, 8, 2, 2]`` over
+      its arrangement; checked by
       ``tests/kernels/test_instructions.py``).  Each warp access covers whole 128-byte lines.
     * ``ROWS_INNER`` (``BR == R``, blocks of at most 1024 elements): ``[K, BC // B, R // K, B]``,
       row ``k * (R // K) + i`` (``[R // K, BC // B, K, B]`` with ``TIES_LOW``; the same reduction

@@ -36,7 +36,7 @@ def test_int8_column_compiles_offline_and_its_checks_cost_instructions(tmp_path)
     cfg = FWD_CONFIG[FMT_INT]
     per_thread = cfg.block // (32 * cfg.num_warps) * cfg.tiles_per_program  # the Ultra launch keeps the configured tile
     assert off["elements_per_thread"] == per_thread and off["shape_tiled"][1] % per_thread == 0
-    assert 16 <= off["registers"] <= 255  # ptxas's count, as the device reports it (44 for this launch with Triton 3.6 on an H100)
+    assert 16 <= off["registers"] <= 255  # ptxas's count, as the GPU reports it (44 for this launch with Triton 3.6 on an H100)
     assert 0 < off["ptx"] < on["ptx"] and 0 < off["sass"] < on["sass"]  # the checked launch flags bad amax and inputs
     assert dict(off["sass_top"]).get("FMUL", 0) >= 3 * per_thread  # x*s, q*r2 and *256 per element
     assert "int8" in proc.stdout and str(off["sass"]) in proc.stdout
