@@ -12,9 +12,10 @@ tiles are ``TILE_R`` rows of whole blocks in one of ``tiles.tile_4d``'s layouts 
 zero-padded in both dims) and the max runs over the block's rows and columns.  One-row tiles over
 rows that are whole multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t *
 BC`` and are loaded and stored without masks (``tiles.tile_aligned``; a block's ``SPLIT`` parts in
-one thread).  bf16 tiles whose block max stays in a warp are loaded as int32 words of two elements
-(``PAIRS``, ``tl_rounding.bf16_pairs``: the elements as a last axis of 2, put back in order before
-the store).  Tiles are built in the arrangement the installed Triton's layout rule needs
+one thread).  bf16 block tiles (aligned 1-D, square) are loaded as int32 words of two elements
+(``PAIRS``, ``tl_rounding.bf16_pairs``: the elements as a last axis of 2; 1-D tiles are put back in
+order before the store, square tiles take their block max on the words,
+``tl_rounding.pair_magnitude_bits``, and store words, ``out_bits``'s ``WORDS``).  Tiles are built in the arrangement the installed Triton's layout rule needs
 (``TIES_LOW``, ``env.layout_ties_low``); every arrangement gives the same bits.
 
 Scale divisions are correctly rounded (``tl_rounding.div_rn_pos``, integer only, or
@@ -89,6 +90,7 @@ from .tl_rounding import (
     magnitude_bits,
     recip_subnormal,
     out_bits,
+    pair_magnitude_bits,
     rne_integer_magnitude,
     round_mag_e2m1,
     round_sat_e4m3,
@@ -325,7 +327,7 @@ def _square_max(m, ROWS_INNER: tl.constexpr, K: tl.constexpr, TIES_LOW: tl.const
 @triton.jit
 def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
                     IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
-                    INT_DIV: tl.constexpr):
+                    INT_DIV: tl.constexpr, WORDS: tl.constexpr = False):
     """Output bits of a tile of input ``bits`` (``[BR, NB, block]``, or ``[1, NB, R, block]`` / ``[1, R, NB, block]`` for
     square blocks; partial blocks zero-padded) for a format whose scales come from the data, given the
     input as fp32 ``x``, its ``magnitude_bits`` ``mag`` and their block max ``bmax`` (keep_dims;
@@ -340,26 +342,26 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
             _flag_each(flag_ptr, 5, bad)
         y, zero = _int4g_magnitude(x, A, bad, LO, QMAX, EXACT_FMA, INT_DIV)
         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
-        return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16, True)
+        return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16, True, WORDS)
     elif FMT == _FMT_MXFP8:
         inv, dec = _mx_scales(A, 8)
         v = ax * inv
-        return out_bits(round_sat_e4m3(v, HW_E4M3) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, HW_E4M3)
+        return out_bits(round_sat_e4m3(v, HW_E4M3) * dec, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, HW_E4M3, WORDS)
     elif FMT == _FMT_MXFP4:
         inv, dec = _mx_scales(A, 2)
         v = ax * inv
         y = round_mag_e2m1(tl.minimum(v, _E2M1_MAX, propagate_nan=tl.PropagateNan.ALL)) * dec  # NaN exactly where v is
-        return out_bits(y, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, True)
+        return out_bits(y, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, True, WORDS)
     else:
         s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV, EXACT_FMA)
         v = ax * s
         y = round_sat_e4m3(v, HW_E4M3) * inv  # 0 * inf (a block holding inf) is NaN
-        return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16, HW_E4M3)
+        return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16, HW_E4M3, WORDS)
 
 
 @triton.jit
 def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
-                HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr):
+                HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr, WORDS: tl.constexpr = False):
     """NVFP4 output bits of a tile of input ``bits`` (fp32 ``x``, ``magnitude_bits`` ``mag``) given
     ``bmax``, its block max of ``mag`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
     ``CHECK``, and so is every block of an expert whose amax is ``bad``; its ``gd`` is then NaN).
@@ -370,7 +372,7 @@ def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, 
     if CHECK:
         _flag_each(flag_ptr, 4, block_nan)
         block_nan = tl.where(bad, True, block_nan)  # per block
-    return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16, HW_E4M3)
+    return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16, HW_E4M3, WORDS)
 
 
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
@@ -453,25 +455,28 @@ def fake_quant_fwd_kernel(
             if t < n_t:
                 if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
                     tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK, ROWS_INNER, SPLIT, TIES_LOW)
-                    if PAIRS:  # the same tile in words (cols and the tile's columns are even)
+                    if PAIRS:  # the same tile in words (cols and the tile's columns are even); only the words live across the max
                         tile0w, offsw, maskw = tile_4d(t, n_tc, rows, cols // 2, BR, BC // 2, TILE_R, BLOCK // 2, ROWS_INNER, SPLIT, TIES_LOW)
                         w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, mask=maskw, other=0, eviction_policy="evict_first")
+                        bmax = tl.expand_dims(_square_max(pair_magnitude_bits(w), ROWS_INNER, SPLIT, TIES_LOW), 4)
                         x = bf16_pairs(w)
                         mag = magnitude_bits(x)
                         bits = bf16_bits(x)
-                        bmax = _square_max(tl.max(mag, axis=4, keep_dims=True), ROWS_INNER, SPLIT, TIES_LOW)
                     else:
                         bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
                         bmax = io_magnitude_to_f32_bits(_square_max(io_magnitude_bits(bits, IO), ROWS_INNER, SPLIT, TIES_LOW), IO)
                         x = bits_to_f32(bits, IO)
                         mag = magnitude_bits(x)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
+                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT,
+                                          PAIRS)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
-                                              HW_E4M3, INT_DIV)
-                    if PAIRS:
-                        out = tl.reshape(out, offs.shape)
+                                              HW_E4M3, INT_DIV, PAIRS)
+                    if PAIRS:  # stored as the words it was loaded as
+                        tl.store(yb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, out, mask=maskw)
+                    else:
+                        tl.store(yb + tile0 + offs, out, mask=mask)
                 elif FMT >= _FROM_DATA or FMT == _FMT_NVFP4:  # blocks of BLOCK along the row
                     if ALIGNED:
                         tile0, offs = tile_aligned(t, BC, BLOCK, SPLIT, TIES_LOW)
@@ -540,4 +545,5 @@ def fake_quant_fwd_kernel(
                             s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
                         xs = tl.abs(x) * s
                         out = out_bits(_fp8_magnitude(xs, inv, HW_E4M3), x, bits, sign_all, xs != xs, nanb, IO, HW_BF16, HW_E4M3)
-                tl.store(yb + tile0 + offs, out, mask=mask)
+                if TILE_R == 1:
+                    tl.store(yb + tile0 + offs, out, mask=mask)

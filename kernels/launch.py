@@ -55,12 +55,21 @@ class KernelConfig:
     MXFP8: 80% of copy from L2 and 83% at Ultra, against 196% and 97% without)."""
     square_rows_on_lanes: bool = False
     """Square blocks of at most 1024 elements on one warp's lanes (``tiles.tile_4d``'s
-    ``ROWS_INNER``) instead of a row of blocks on the lanes: fewer instructions (L2-resident
-    ceilings on an H200: NVFP4 16x16 116 -> 121%, MXFP4 32x32 123 -> 147%, MXFP8 32x32 141 -> 174%
-    of copy) but slower from memory (Ultra 95 -> 82, 95 -> 91, 96 -> 94%): off by default."""
+    ``ROWS_INNER``) instead of a row of blocks on the lanes: no shared memory, but more registers
+    (H200, bf16 pairs, 2048 x 2 tiles: NVFP4 16x16 133 / 88, MXFP4 32x32 143 / 94% of copy, L2 ceiling
+    / Ultra, against the default's 137 / 94 and 136 / 98): off by default."""
     bf16_pairs: bool = True
     """bf16 block tiles loaded as int32 words of two elements (``PAIRS``; ``tl_rounding.bf16_pairs``)
     where the experts are 16-byte aligned with rows of a multiple of 8 elements, else as int16."""
+    max_registers: int = 0
+    """A cap on the registers a thread (``maxnreg``); 0: the compiler's choice (16-warp programs:
+    ``_launch_opts``'s).  The compiler gives square tiles in bf16 pairs more registers than the
+    occupancy their memory speed needs (H200, MXFP4 32x32 in 2048 x 2 tiles: 80 registers, 92.5% of
+    copy at Ultra; capped at 64, no spills, 94.8).  Applies to every input dtype: fp32 input
+    spills a few registers under the square formats' caps (Triton 3.6, sm_90)."""
+    square_max_warps: int = 16
+    """Most warps of a square-block program (``square_block_tile``): a 128x128 FP8 block takes a
+    program of 16 warps at 32 elements a thread, or 8 at 64."""
     ties_low: Optional[bool] = None
     """The block tiles' arrangement for a Triton that orders tied axes lowest first (``TIES_LOW``);
     ``None``: the installed Triton's (``env.layout_ties_low``).  Either gives the same bits."""
@@ -87,11 +96,18 @@ FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_MXFP4: KernelConfig(2048, 2, tiles_per_program=1, split_blocks=False),
 }
 FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
-    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=2, nvfp4_int_recip=False),
+    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=8, nvfp4_int_recip=False, max_registers=96),
+    FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1, square_max_warps=8, max_registers=128),
+    FMT_FP8B_FP32S: KernelConfig(2048, 2, tiles_per_program=1, square_max_warps=8, max_registers=128),
+    FMT_MXFP8: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=72),
+    FMT_MXFP4: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=64),
 }
-"""Square-block (``tile_2d``) launches whose best configuration differs from ``FWD_CONFIG``'s:
-NVFP4 16x16 with 8 tiles a program measured 170% ceiling but 95% of copy at Ultra and 80% at Nano,
-with 2 tiles 164% / 98% / 86% (1-D NVFP4 with 8: 187% / 96% / 88%; section 12)."""
+"""Square-block (``tile_2d``) launches, bf16 loaded as int32 pairs, chosen on an H200 by the L2
+ceiling and the Ultra call (``docs/kernels_performance.md`` section 14): NVFP4 16x16 with 8 tiles a
+program and 96 registers (137% / 94% of copy; int16 loads 116 / 94), MX 32x32 in 4096 x 4 tiles
+(MXFP4 capped at 64 registers: 136 / 98, MXFP8 at 72: 167 / 98; 2048 x 2: 135 / 95 and 171 / 96),
+FP8 128x128 in 8-warp programs at 64 elements a thread, two programs an SM (121 / 89; 16 warps:
+116 / 86)."""
 
 
 def fwd_config(spec: QuantSpec) -> KernelConfig:
@@ -153,7 +169,7 @@ def square_block_tile(shapes: Sequence[tuple[int, int]], cfg: KernelConfig, bloc
     bc = min(bc, max(block, 1 << (widest - 1).bit_length()))
     if tile_rows * widest + bc > 2**31 - 1:
         raise ValueError(f"a row of {widest} elements is too long for the kernel's int32 in-tile offsets")
-    return TileShape(tile_rows, bc, min(16, max(cfg.num_warps, tile_rows * bc // 1024)))
+    return TileShape(tile_rows, bc, min(cfg.square_max_warps, max(cfg.num_warps, tile_rows * bc // 1024)))
 
 
 def tiling(shapes: Sequence[tuple[int, int]], flat: int, cfg: KernelConfig, device: torch.device, block: int = 0, tile_rows: int = 1
@@ -233,19 +249,18 @@ def block_layout(tile: TileShape, spec: QuantSpec, dtype: torch.dtype, aligned: 
     """The forward's block-tile constexprs: ``ROWS_INNER`` (square blocks of at most 1024 elements
     on one warp's lanes, ``cfg.square_rows_on_lanes``; ``tiles.tile_4d``), ``SPLIT`` (a block's
     parts in one thread: ``block_split``, or ``square_split`` with ``ROWS_INNER``), ``PAIRS`` (bf16
-    tiles loaded as int32 words, ``tl_rounding.bf16_pairs``, where the block max stays within a
-    warp: aligned 1-D tiles and ``ROWS_INNER`` squares; ``vec > 1`` means 16-byte aligned experts
-    whose rows are multiples of 8 elements, so every word holds two elements of one row) and
-    ``TIES_LOW``.  Square tiles reduced across the warps through shared memory keep int16 loads:
-    there only the 16-bit input stays live across the reduction (FP8 128x128 with pairs, on an
-    H200: 79.6% of copy at Ultra against 87.8%; ``docs/kernels_performance.md`` section 13)."""
+    tiles loaded as int32 words, ``tl_rounding.bf16_pairs``: aligned 1-D tiles and every square
+    tile, whose block max is taken on the words (``tl_rounding.pair_magnitude_bits``) so that only
+    they stay live across a reduction through shared memory, and whose output is stored as words;
+    ``vec > 1`` means 16-byte aligned experts whose rows are multiples of 8 elements, so every word
+    holds two elements of one row) and ``TIES_LOW``."""
     square = spec.tile_rows > 1
     rows_inner = square and cfg.square_rows_on_lanes and spec.tile_rows * spec.block <= 1024
     if not cfg.split_blocks or (square and not rows_inner):
         split = 1
     else:
         split = square_split(tile, spec, dtype) if square else block_split(tile, spec.block, dtype, aligned)
-    pairs = cfg.bf16_pairs and dtype == torch.bfloat16 and vec > 1 and (rows_inner or (not square and aligned and spec.block > 0))
+    pairs = cfg.bf16_pairs and dtype == torch.bfloat16 and vec > 1 and (square or (aligned and spec.block > 0))
     ties = env.layout_ties_low() if cfg.ties_low is None else cfg.ties_low
     return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner)
 
@@ -264,15 +279,17 @@ def square_split(tile: TileShape, spec: QuantSpec, dtype: torch.dtype) -> int:
     return min(r, max(vectors, elements // (32 * vec), 1))
 
 
-def _launch_opts(tile: TileShape) -> dict:
+def _launch_opts(tile: TileShape, cfg: Optional[KernelConfig] = None) -> dict:
     """Triton launch options of a tile: its geometry, its warps, no FMA contraction (the formats'
-    op sequences round every product), and for 16-warp programs (FP8 block-wise 128x128 tiles) a
-    cap of 64 registers a thread, so that two programs fit an SM's 65,536 registers: the compiler
-    gave the 128x128 kernel 92 without the cap (one program per SM, 76% of copy at Ultra, against
-    99% at 60 registers; ``docs/kernels_performance.md`` section 12)."""
+    op sequences round every product), for 16-warp programs a cap of 64 registers a thread, so that
+    two programs fit an SM's 65,536 registers (the compiler gave a 16-warp 128x128 kernel 92
+    without it: one program per SM, 76% of copy at Ultra against 99% at 60 registers;
+    ``docs/kernels_performance.md`` section 12), and ``cfg.max_registers`` where set."""
     opts = dict(BR=tile.br, BC=tile.bc, TPP=tile.tpp, num_warps=tile.num_warps, enable_fp_fusion=False)
     if tile.num_warps >= 16:
         opts["maxnreg"] = 65536 // (2 * 32 * tile.num_warps)
+    if cfg is not None and cfg.max_registers:
+        opts["maxnreg"] = cfg.max_registers
     return opts
 
 
@@ -362,7 +379,7 @@ def _fwd_plan(table: ExpertTable, spec: QuantSpec, dtype: torch.dtype, per_chann
         use_flat, shapes, tile = tiling(table.shapes, flat, cfg, device, spec.block, spec.tile_rows)
         aligned = row_aligned(shapes, tile, spec, per_channel)
         kw = dict(LIST=True, VEC=table.xvec, FLAT=use_flat, ALIGNED=aligned, **block_layout(tile, spec, dtype, aligned, table.xvec, cfg),
-                  **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile))  # fmt: skip
+                  **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg), **_launch_opts(tile, cfg))  # fmt: skip
         plan = table.plans[pkey] = (grid_for(shapes, tile), kw)
     return plan
 
@@ -431,7 +448,7 @@ def stacked_fwd_plan(shapes: list[tuple[int, int]], dtype: torch.dtype, device: 
     aligned = row_aligned(used, tile, spec, per_channel)
     vec = _stacked_vec(dtype, used[0][1])
     kw = dict(LIST=False, VEC=vec, FLAT=False, ALIGNED=aligned, **block_layout(tile, spec, dtype, aligned, vec if base_aligned else 1, cfg),
-              **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile))  # fmt: skip
+              **_fwd_constexprs(spec, dtype, device, per_channel, check, cfg, facts), **_launch_opts(tile, cfg))  # fmt: skip
     return grid_for(used, tile), kw, used
 
 

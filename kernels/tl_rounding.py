@@ -95,6 +95,23 @@ def bf16_pairs(w):
 
 
 @triton.jit
+def bf16_words(b):
+    """int16 bits ``[..., 2]`` (low half, high half, as ``bf16_pairs`` gives them) -> the int32 words
+    holding them, exactly."""
+    lo, hi = tl.split(b)
+    return (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
+
+
+@triton.jit
+def pair_magnitude_bits(w):
+    """int32 words of two bf16 values -> the larger of their ``magnitude_bits`` (fp32 order, NaN
+    above inf), exactly: ``max(w & 0x7FFF0000, (w & 0x7FFF) << 16)``, three integer instructions a
+    word.  A block max taken on these keeps only the words live (no fp32 values, no unpacked int16)
+    while it crosses warps."""
+    return tl.maximum(w & 0x7FFF0000, (w & 0x7FFF) << 16)
+
+
+@triton.jit
 def bf16_bits(x):
     """fp32 ``x`` holding a bf16 value -> its int16 bits (exact: the low half is zero)."""
     return (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
@@ -164,7 +181,8 @@ def f32_to_bits(ymag, sign, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.cons
 
 
 @triton.jit
-def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.constexpr, NAN_IN_Y: tl.constexpr = False):
+def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: tl.constexpr, NAN_IN_Y: tl.constexpr = False,
+             WORDS: tl.constexpr = False):
     """Output bits of a format's fp32 magnitude ``ymag`` (>= 0) for input ``bits`` (fp32 value
     ``x``): ``ymag`` rounded to the IO dtype with the input's sign where ``smask`` (the IO width's
     sign mask, or 0 where the format drops the sign) keeps it, ``nan_bits`` where ``is_nan``.
@@ -176,15 +194,25 @@ def out_bits(ymag, x, bits, smask, is_nan, nan_bits, IO: tl.constexpr, HW_BF16: 
     skips the select: the NaN, sign bit OR-ed in or not, converts to the canonical NaN itself.  The
     same bits as ``f32_to_bits`` (a sign OR-ed before or after a round to nearest even of the
     magnitude gives the same bits), in about half the instructions: no 16-bit halves taken out of
-    and put back into 32-bit registers.  Elsewhere ``f32_to_bits`` (``is_nan`` is read there)."""
+    and put back into 32-bit registers.  Elsewhere ``f32_to_bits`` (``is_nan`` is read there).
+
+    ``WORDS`` (bf16 pairs ``[..., 2]`` as ``bf16_pairs`` gives them): the int32 words holding the
+    two outputs, ``[...]``; on a GPU one ``cvt.rn.bf16x2.f32`` a word writes it directly."""
     if IO == _IO_BF16 and HW_BF16:
         s32 = smask.to(tl.int32) << 16
         z = (ymag.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & s32)).to(tl.float32, bitcast=True)
         if not NAN_IN_Y:
             z = tl.where(is_nan, tl.full([], 0x7FFFFFFF, tl.int32).to(tl.float32, bitcast=True), z)
-        return z.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+        if WORDS:
+            lo, hi = tl.split(z)
+            out = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            out = z.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+    elif WORDS:
+        out = bf16_words(f32_to_bits(ymag, bits & smask, is_nan, nan_bits, IO, HW_BF16))
     else:
-        return f32_to_bits(ymag, bits & smask, is_nan, nan_bits, IO, HW_BF16)
+        out = f32_to_bits(ymag, bits & smask, is_nan, nan_bits, IO, HW_BF16)
+    return out
 
 
 @triton.jit

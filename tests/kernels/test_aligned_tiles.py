@@ -109,24 +109,29 @@ def test_unaligned_rows_are_not_aligned() -> None:
     assert not launch.row_aligned([(128, 256)], one_row, parse_spec("fp8_block", None, {"tile_2d": True}), False)
 
 
-def test_square_blocks_take_their_own_configuration_where_one_is_set() -> None:
-    """``launch.fwd_config``: NVFP4 16x16 launches with ``FWD_CONFIG_SQUARE`` (2 tiles a program),
-    1-D NVFP4 with ``FWD_CONFIG`` (8); a square-block format without an entry falls back to
-    ``FWD_CONFIG``; the plan a list launch builds uses the chosen one."""
-    nvfp4, nvfp4_2d = parse_spec("nvfp4", None, {}), parse_spec("nvfp4", None, {"tile_2d": True})
-    assert launch.fwd_config(nvfp4) is launch.FWD_CONFIG[nvfp4.code]
-    assert launch.fwd_config(nvfp4_2d) is launch.FWD_CONFIG_SQUARE[nvfp4.code]
-    assert launch.fwd_config(nvfp4_2d).tiles_per_program != launch.fwd_config(nvfp4).tiles_per_program
-    mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
-    assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
+def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``launch.fwd_config``: square-block launches with ``FWD_CONFIG_SQUARE`` (NVFP4 16x16: 8 tiles
+    a program, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8 128x128: 8 warps), 1-D ones
+    with ``FWD_CONFIG``; a square-block format without an entry falls back to ``FWD_CONFIG``; the
+    plan a list launch builds uses the chosen tile and register cap."""
     shapes = [(4096, 4096)] * 64  # enough tiles that no program count caps the tiles per program
-    for spec in (nvfp4, nvfp4_2d):
-        tile = launch.tile_for(shapes, launch.fwd_config(spec), torch.device("cpu"), spec.block, spec.tile_rows)
-        assert tile.tpp == launch.fwd_config(spec).tiles_per_program, spec
+    want = {"nvfp4": (16, 128, 2, 8, 96), "mxfp8": (32, 128, 4, 1, 72), "mxfp4": (32, 128, 4, 1, 64), "fp8_block": (128, 128, 8, 1, 128)}
+    for fmt, (br, bc, warps, tpp, regs) in want.items():
+        flat, square = parse_spec(fmt, None, {}), parse_spec(fmt, None, {"tile_2d": True})
+        assert launch.fwd_config(flat) is launch.FWD_CONFIG[flat.code]
+        assert launch.fwd_config(square) is launch.FWD_CONFIG_SQUARE[square.code]
+        tile = launch.tile_for(shapes, launch.fwd_config(square), torch.device("cpu"), square.block, square.tile_rows)
+        assert (tile.br, tile.bc, tile.num_warps, tile.tpp) == (br, bc, warps, tpp), (fmt, tile)
+        table = tables.expert_table([torch.zeros(256, 256, dtype=torch.bfloat16)])
+        kw = launch._fwd_plan(table, square, torch.bfloat16, False, False, launch.fwd_config(square))[1]
+        assert kw.get("maxnreg") == regs and kw["PAIRS"], (fmt, kw)
+    mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
+    monkeypatch.delitem(launch.FWD_CONFIG_SQUARE, mx_2d.code)
+    assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
 
 
 SQUARE = [("nvfp4", 16), ("mxfp8", 32), ("mxfp4", 32), ("fp8_block", 128)]
-SQUARE_LAYOUTS = ["blocks", "blocks-ties", "rows", "rows-ties", "rows-int16"]
+SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16"]
 
 
 @pytest.mark.parametrize("layout", SQUARE_LAYOUTS)
@@ -149,7 +154,7 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
     rows_inner = layout.startswith("rows") and block < 128
-    assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (rows_inner and not layout.endswith("int16")), kw
+    assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (not layout.endswith("int16")), kw
     assert (kw["SPLIT"] > 1) == rows_inner, kw
     flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
     if fmt == "nvfp4":
@@ -160,6 +165,38 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
     launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, **opts)
     assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/ROWS_INNER={rows_inner}/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}")
+
+
+@pytest.mark.parametrize("layout", ["blocks", "rows"])
+@pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
+def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
+    """Square blocks whose largest magnitude is held by one element (the other tests' rows give
+    every row of a block its amax): at a random row and column, so either half of a bf16 pair's
+    word, of either sign; the rest below half of it.  A block max that misses one half or one
+    sign of the words (``tl_rounding.pair_magnitude_bits``) gives other bits."""
+    spec = parse_spec(fmt, None, {"tile_2d": True})
+    nr, nc = (2, 3) if block == 128 else (12, 6)
+    x = (torch.rand(nr * block, nc * block, generator=gen) - 0.5) * 2.0 ** torch.randint(-6, 6, (nr * block, 1), generator=gen).float()
+    for br in range(nr):
+        for bc in range(nc):
+            r = br * block + int(torch.randint(0, block, (), generator=gen))
+            c = bc * block + int(torch.randint(0, block, (), generator=gen))
+            peak = x[br * block:(br + 1) * block, bc * block:(bc + 1) * block].abs().max() * 3
+            x[r, c] = peak if torch.rand((), generator=gen) < 0.5 else -peak
+    ws = [x.to(torch.bfloat16).to(device)]
+    cfg = replace(layout_config(layout, 2048, 2), num_warps=2, square_rows_on_lanes=layout == "rows")
+    table = tables.expert_table(ws)
+    kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
+    assert kw["PAIRS"], kw
+    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
+    if fmt == "nvfp4":
+        amax = torch.stack([w.float().abs().amax() for w in ws]).to(device)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
+    else:
+        amax, view = None, api.no_amax(ws[0].device)
+    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)
+    assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/one peak a block")
 
 
 OFF_16 = [("mxfp8", {}), ("int4_group", {}), ("fp8_block", {"fp32_scale": True})]

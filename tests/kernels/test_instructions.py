@@ -58,7 +58,7 @@ def test_a_blocks_parts_and_a_square_blocks_rows_lie_where_the_kernel_relies_on(
     block tile ``[K, NB, part]`` (``[NB, K, part]`` with ``ties_low``) keeps its ``K`` axis in one
     thread (no lane, no warp along it) and a block's part on exactly its lanes; a square tile
     ``[1, R, NB, B]`` (``[1, NB, R, B]``) puts a block's row on lanes, the next lanes on the next
-    blocks of the row (whole 128-byte lines a warp access) and the rows last.  1-D bf16 tiles count
+    blocks of the row (whole 128-byte lines a warp access) and the rows last.  bf16 tiles count
     int32 words of two elements (``pairs``)."""
     proc, rows = _profile(tmp_path, "--columns", "nvfp4,int4_group,fp8_block+fp32s,nvfp4+2d,mxfp4+2d")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -72,7 +72,7 @@ def test_a_blocks_parts_and_a_square_blocks_rows_lie_where_the_kernel_relies_on(
     for col in ("nvfp4+2d", "mxfp4+2d"):
         lay, ties = by[col]["input_layout"], by[col]["ties_low"]
         nbax, rax = (1, 2) if ties else (2, 1)
-        assert not by[col]["pairs"] and by[col]["split"] == 1 and lay["shape"][nbax] > 1, (col, lay)
+        assert by[col]["pairs"] and by[col]["split"] == 1 and lay["shape"][nbax] > 1, (col, lay)
         assert lay["sizePerThread"][3] * lay["threadsPerWarp"][3] == lay["shape"][3], (col, lay)  # a block's row on lanes
         assert lay["threadsPerWarp"][nbax] > 1 and lay["warpsPerCTA"][nbax] == 1, (col, lay)  # the next lanes on the next blocks
         assert lay["threadsPerWarp"][rax] * lay["warpsPerCTA"][rax] > 1, (col, lay)  # the rows last, across lanes and warps

@@ -78,17 +78,25 @@ def _out_kernel(x_ptr, s_ptr, o_ptr, n, IO: tl.constexpr, HW_BF16: tl.constexpr,
 
 
 @triton.jit
-def _out_bits_kernel(y_ptr, x_ptr, o_ptr, n, HW_BF16: tl.constexpr, NAN_IN_Y: tl.constexpr, BLOCK: tl.constexpr):
+def _out_bits_kernel(y_ptr, x_ptr, o_ptr, n, HW_BF16: tl.constexpr, NAN_IN_Y: tl.constexpr, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     """``out_bits`` for bf16 output: magnitude ``|y|`` (a NaN ``y`` as it is, sign bit included), sign
-    from the bf16 input ``x``, NaN where ``y`` is."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    from the bf16 input ``x``, NaN where ``y`` is; ``WORDS``: the elements as pairs ``[BLOCK // 2, 2]``
+    written as int32 words (``n`` even)."""
+    if WORDS:
+        w = tl.program_id(0) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+        i = w[:, None] * 2 + tl.arange(0, 2)[None, :]
+    else:
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     y = tl.load(y_ptr + i, mask=m, other=0.0)
     bits = tl.load(x_ptr + i, mask=m, other=0)
     x = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     ymag = tl.where(y != y, y, tl.abs(y))
-    tl.store(o_ptr + i, out_bits(ymag, x, bits, tl.full([], -32768, tl.int16), y != y, tl.full([], 0x7FFF, tl.int16), 0, HW_BF16, NAN_IN_Y),
-             mask=m)  # fmt: skip
+    out = out_bits(ymag, x, bits, tl.full([], -32768, tl.int16), y != y, tl.full([], 0x7FFF, tl.int16), 0, HW_BF16, NAN_IN_Y, WORDS)
+    if WORDS:
+        tl.store(o_ptr.to(tl.pointer_type(tl.int32)) + w, out, mask=w < n // 2)
+    else:
+        tl.store(o_ptr + i, out, mask=m)
 
 
 def _run(kernel, device: str, *tensors, **kw) -> None:
@@ -187,18 +195,20 @@ def test_output_conversion_matches_reference(dtype: torch.dtype, hw_bf16: bool, 
     assert_same_bits([out.view(dtype)], [want], [y], case=f"to_{dtype}")
 
 
+@pytest.mark.parametrize("words", [False, True], ids=["int16", "words"])
 @pytest.mark.parametrize("nan_in_y", [False, True], ids=["nan_select", "nan_in_y"])
 @pytest.mark.parametrize("hw_bf16", _HW_BF16, ids=["integer", "hardware"][: len(_HW_BF16)])
-def test_out_bits_matches_reference(hw_bf16: bool, nan_in_y: bool, gen: torch.Generator, device: str) -> None:
+def test_out_bits_matches_reference(hw_bf16: bool, nan_in_y: bool, words: bool, gen: torch.Generator, device: str) -> None:
     """``out_bits`` (bf16 output, the kernels' path): random fp32 magnitudes (NaN, inf, subnormal,
     overflow, ties included) with the sign of a random bf16 input, NaN inputs of either sign
     giving the canonical ``0x7FFF``.  On a GPU with the hardware conversion the sign and NaN are
     applied in fp32 before it (``nan_in_y``: no select, the magnitude's own NaN, here with either
     sign bit and any payload, left to the paired conversion; NaNs sit beside NaNs, beside
     finite values and beside infinities, at even and odd positions of the pairs); the integer path
-    applies them to the 16-bit result."""
+    applies them to the 16-bit result.  ``words``: the elements as pairs written as int32 words
+    (the square-block kernels' stores; on a GPU one ``cvt.rn.bf16x2.f32`` a word)."""
     bits = torch.randint(-(2**31), 2**31 - 1, (20000,), generator=gen, dtype=torch.int64).to(torch.int32)
-    y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 3.3961776e38, 3.3961775e38, 0.0, 5.9e-8, 1.00390625, 1.01171875])])
+    y = torch.cat([bits.view(torch.float32), torch.tensor([65520.0, 3.3961776e38, 3.3961775e38, 0.0, 5.9e-8, 1.00390625, 1.01171875, 1.0])])
     y = y.abs()
     xb = torch.randint(-(2**15), 2**15, y.shape, generator=gen, dtype=torch.int32).to(torch.int16)
     xb[:64] = torch.tensor([0x7FC0, -0x0040, 0x7F81, -0x007F] * 16, dtype=torch.int16)  # NaN inputs, both signs
@@ -209,7 +219,7 @@ def test_out_bits_matches_reference(hw_bf16: bool, nan_in_y: bool, gen: torch.Ge
     y[200:208] = torch.tensor([float("inf"), float("nan")] * 4)
     want = to_output_dtype(torch.where(torch.signbit(xb.view(torch.bfloat16).float()), -y.abs(), y.abs()), torch.bfloat16)
     out = torch.empty(y.shape, dtype=torch.int16, device=device)
-    _run(_out_bits_kernel, device, y.to(device), xb.to(device), out, HW_BF16=hw_bf16, NAN_IN_Y=nan_in_y)
+    _run(_out_bits_kernel, device, y.to(device), xb.to(device), out, HW_BF16=hw_bf16, NAN_IN_Y=nan_in_y, WORDS=words)
     assert_same_bits([out.view(torch.bfloat16)], [want], [y], case="out_bits")
 
 
