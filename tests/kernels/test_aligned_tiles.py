@@ -109,7 +109,7 @@ def test_unaligned_rows_are_not_aligned() -> None:
     assert not launch.row_aligned([(128, 256)], one_row, parse_spec("fp8_block", None, {"tile_2d": True}), False)
 
 
-def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     """``launch.fwd_config``: square-block launches with ``FWD_CONFIG_SQUARE`` (NVFP4 16x16: 8 tiles
     a program, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8 128x128: 8 warps), 1-D ones
     with ``FWD_CONFIG``; a square-block format without an entry falls back to ``FWD_CONFIG``; the
@@ -122,7 +122,7 @@ def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch
         assert launch.fwd_config(square) is launch.FWD_CONFIG_SQUARE[square.code]
         tile = launch.tile_for(shapes, launch.fwd_config(square), torch.device("cpu"), square.block, square.tile_rows)
         assert (tile.br, tile.bc, tile.num_warps, tile.tpp) == (br, bc, warps, tpp), (fmt, tile)
-        table = tables.expert_table([torch.zeros(256, 256, dtype=torch.bfloat16)])
+        table = tables.expert_table([torch.zeros(256, 256, dtype=torch.bfloat16, device=device)])  # a plan probes its device
         kw = launch._fwd_plan(table, square, torch.bfloat16, False, False, launch.fwd_config(square))[1]
         assert kw.get("maxnreg") == regs and kw["PAIRS"], (fmt, kw)
     mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
