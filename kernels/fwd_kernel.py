@@ -9,10 +9,12 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
 tiles are ``TILE_R`` rows of whole blocks in one of ``tiles.tile_4d``'s layouts (partial tiles
-zero-padded in both dims) and the max runs over the block's rows and columns.  One-row tiles over
-rows that are whole multiples of the tile (``ALIGNED``, the model shapes' launches) start at ``t *
-BC`` and are loaded and stored without masks (``tiles.tile_aligned``; a block's ``SPLIT`` parts in
-one thread).  bf16 block tiles (aligned 1-D, square) are loaded as int32 words of two elements
+zero-padded in both dims) and the max runs over the block's rows and columns (FP8 128x128 in bf16:
+one block a tile, read twice in row chunks, ``CHUNK_R``, ``_two_pass_block``).  Tiles that are
+whole (``ALIGNED``, the model shapes' launches: one-row tiles over rows that are multiples of the
+tile, starting at ``t * BC``, ``tiles.tile_aligned``, a block's ``SPLIT`` parts in one thread;
+square tiles where every expert's rows and columns are multiples of the tile's) are loaded and
+stored without masks.  bf16 block tiles (aligned 1-D, square) are loaded as int32 words of two elements
 (``PAIRS``, ``tl_rounding.bf16_pairs``: the elements as a last axis of 2; 1-D tiles are put back in
 order before the store, square tiles take their block max on the words,
 ``tl_rounding.pair_magnitude_bits``, and store words, ``out_bits``'s ``WORDS``).  Tiles are built in the arrangement the installed Triton's layout rule needs
@@ -375,6 +377,46 @@ def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, 
     return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16, HW_E4M3, WORDS)
 
 
+@triton.jit
+def _two_pass_block(xb, yb, t, n_tc, rows, cols, flag_ptr, sign_all, nan_all, FMT: tl.constexpr, LO: tl.constexpr, QMAX: tl.constexpr,
+                    IO: tl.constexpr, CHECK: tl.constexpr, EXACT_FMA: tl.constexpr, HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr,
+                    INT_DIV: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, CHUNK_R: tl.constexpr):
+    """Tile ``t``: one ``BR x BC`` square block of bf16, read as int32 words of two elements (cols
+    even), of a format whose scales come from the data, in two passes over its ``CHUNK_R``-row
+    chunks: the block max of every chunk's words, then each chunk loaded again (from the caches)
+    and rounded with the block's scale.  Only one chunk is
+    live at a time, so a 128x128 block needs few registers a thread and many programs fit an SM;
+    the second read costs cache bandwidth, not memory traffic.  Partial blocks are masked (their
+    padding reads as zero)."""
+    tr = t // n_tc
+    r0 = tr * BR
+    c0 = (t - tr * n_tc) * (BC // 2)
+    cw = cols // 2
+    rl = tl.arange(0, CHUNK_R)[:, None]
+    cl = tl.arange(0, BC // 2)[None, :]
+    base = r0.to(tl.int64) * cw + c0
+    xw = xb.to(tl.pointer_type(tl.int32)) + base
+    yw = yb.to(tl.pointer_type(tl.int32)) + base
+    cmask = (c0 + cl) < cw
+    acc = tl.zeros([CHUNK_R, BC // 2], tl.int32)
+    for c in tl.range(0, BR // CHUNK_R):
+        r = c * CHUNK_R + rl
+        w = tl.load(xw + r * cw + cl, mask=cmask & ((r0 + r) < rows), other=0, eviction_policy="evict_last")
+        acc = tl.maximum(acc, pair_magnitude_bits(w))
+    bmax = tl.max(tl.max(acc, axis=1, keep_dims=True), axis=0, keep_dims=True)
+    bmax = tl.expand_dims(bmax, 2)
+    for c in tl.range(0, BR // CHUNK_R):
+        r = c * CHUNK_R + rl
+        mask = cmask & ((r0 + r) < rows)
+        w = tl.load(xw + r * cw + cl, mask=mask, other=0, eviction_policy="evict_first")
+        x = bf16_pairs(w)
+        mag = magnitude_bits(x)
+        bits = bf16_bits(x)
+        out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16, HW_E4M3, INT_DIV,
+                              True)
+        tl.store(yw + r * cw + cl, out, mask=mask)
+
+
 # n_experts is not specialised: Triton makes an int argument equal to 1 a constant, so a one-expert
 # call would otherwise compile a kernel of its own (about a second per variant on a cold cache).
 @triton.jit(do_not_specialize=["n_experts"])
@@ -414,6 +456,7 @@ def fake_quant_fwd_kernel(
     PAIRS: tl.constexpr = False,
     TIES_LOW: tl.constexpr = False,
     ROWS_INNER: tl.constexpr = False,
+    CHUNK_R: tl.constexpr = 0,
 ):
     """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
     p = tl.program_id(0)
@@ -453,17 +496,29 @@ def fake_quant_fwd_kernel(
         for k in range(TPP):
             t = p * TPP + k
             if t < n_t:
-                if TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
+                if CHUNK_R > 0:  # one square block a tile, in two passes over its row chunks
+                    _two_pass_block(xb, yb, t, n_tc, rows, cols, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
+                                    HW_E4M3, INT_DIV, BR, BC, CHUNK_R)
+                elif TILE_R > 1:  # square TILE_R x BLOCK blocks (tile_2d): the block max over two axes
                     tile0, offs, mask = tile_4d(t, n_tc, rows, cols, BR, BC, TILE_R, BLOCK, ROWS_INNER, SPLIT, TIES_LOW)
+                    if ALIGNED:  # whole tiles (launch.row_aligned)
+                        mask = None
                     if PAIRS:  # the same tile in words (cols and the tile's columns are even); only the words live across the max
                         tile0w, offsw, maskw = tile_4d(t, n_tc, rows, cols // 2, BR, BC // 2, TILE_R, BLOCK // 2, ROWS_INNER, SPLIT, TIES_LOW)
-                        w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, mask=maskw, other=0, eviction_policy="evict_first")
+                        if ALIGNED:
+                            maskw = None
+                            w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, eviction_policy="evict_first")
+                        else:
+                            w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, mask=maskw, other=0, eviction_policy="evict_first")
                         bmax = tl.expand_dims(_square_max(pair_magnitude_bits(w), ROWS_INNER, SPLIT, TIES_LOW), 4)
                         x = bf16_pairs(w)
                         mag = magnitude_bits(x)
                         bits = bf16_bits(x)
                     else:
-                        bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
+                        if ALIGNED:
+                            bits = tl.load(xb + tile0 + offs, eviction_policy="evict_first")
+                        else:
+                            bits = tl.load(xb + tile0 + offs, mask=mask, other=0, eviction_policy="evict_first")
                         bmax = io_magnitude_to_f32_bits(_square_max(io_magnitude_bits(bits, IO), ROWS_INNER, SPLIT, TIES_LOW), IO)
                         x = bits_to_f32(bits, IO)
                         mag = magnitude_bits(x)

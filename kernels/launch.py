@@ -67,6 +67,9 @@ class KernelConfig:
     occupancy their memory speed needs (H200, MXFP4 32x32 in 2048 x 2 tiles: 80 registers, 92.5% of
     copy at Ultra; capped at 64, no spills, 94.8).  Applies to every input dtype: fp32 input
     spills a few registers under the square formats' caps (Triton 3.6, sm_90)."""
+    square_two_pass: int = 0
+    """Rows a chunk of a square block read in two passes (``fwd_kernel._two_pass_block``: one block
+    a tile, bf16 pairs, formats whose scales come from the data); 0: one pass."""
     square_max_warps: int = 16
     """Most warps of a square-block program (``square_block_tile``): a 128x128 FP8 block takes a
     program of 16 warps at 32 elements a thread, or 8 at 64."""
@@ -97,17 +100,19 @@ FWD_CONFIG: dict[int, KernelConfig] = {
 }
 FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
     FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=8, nvfp4_int_recip=False, max_registers=96),
-    FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1, square_max_warps=8, max_registers=128),
-    FMT_FP8B_FP32S: KernelConfig(2048, 2, tiles_per_program=1, square_max_warps=8, max_registers=128),
+    FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1, square_two_pass=32, square_max_warps=8, max_registers=128),
+    FMT_FP8B_FP32S: KernelConfig(2048, 2, tiles_per_program=1, square_two_pass=32, square_max_warps=8, max_registers=128),
     FMT_MXFP8: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=72),
     FMT_MXFP4: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=64),
 }
 """Square-block (``tile_2d``) launches, bf16 loaded as int32 pairs, chosen on an H200 by the L2
-ceiling and the Ultra call (``docs/kernels_performance.md`` section 14): NVFP4 16x16 with 8 tiles a
+ceiling and the Ultra call (``docs/kernels_performance.md`` sections 14-15): NVFP4 16x16 with 8 tiles a
 program and 96 registers (137% / 94% of copy; int16 loads 116 / 94), MX 32x32 in 4096 x 4 tiles
 (MXFP4 capped at 64 registers: 136 / 98, MXFP8 at 72: 167 / 98; 2048 x 2: 135 / 95 and 171 / 96),
-FP8 128x128 in 8-warp programs at 64 elements a thread, two programs an SM (121 / 89; 16 warps:
-116 / 86)."""
+FP8 128x128 in 8-warp programs, bf16 read in two passes over 32-row chunks (160 / 100; one pass at
+64 elements a thread, two programs an SM: 121 / 89; 16-row chunks 162 / 85; 4 warps 161 / 75,
+sixteen 32 KB blocks an SM in flight, twice its L1).  fp16 and fp32 input take the one pass (8
+warps, 128 registers)."""
 
 
 def fwd_config(spec: QuantSpec) -> KernelConfig:
@@ -226,10 +231,14 @@ def _fwd_constexprs(spec: QuantSpec, dtype: torch.dtype, device: torch.device, p
 
 
 def row_aligned(shapes: Sequence[tuple[int, int]], tile: TileShape, spec: QuantSpec, per_channel: bool) -> bool:
-    """The forward's ``ALIGNED``: one-row tiles, every non-empty tiled row a multiple of the tile
-    width (so tile ``t`` of an expert starts at element ``t * BC`` and is whole), amax per expert
-    (per channel needs each element's row), no square blocks."""
-    return (tile.br == 1 and spec.tile_rows == 1 and not per_channel
+    """The forward's ``ALIGNED``: every tile whole, so it is loaded and stored without masks.  One-row
+    tiles: every non-empty tiled row a multiple of the tile width (tile ``t`` of an expert starts at
+    element ``t * BC``), amax per expert (per channel needs each element's row).  Square-block
+    tiles: every non-empty expert's rows a multiple of the tile's rows and its columns of the
+    tile's columns (the model shapes: Ultra's [5120, 8192], Nano's 2688 = 21 x 128)."""
+    if spec.tile_rows > 1:
+        return all(r % tile.br == 0 and c % tile.bc == 0 for r, c in shapes if r and c)
+    return (tile.br == 1 and not per_channel
             and all(c % tile.bc == 0 for r, c in shapes if r and c))  # fmt: skip
 
 
@@ -262,7 +271,8 @@ def block_layout(tile: TileShape, spec: QuantSpec, dtype: torch.dtype, aligned: 
         split = square_split(tile, spec, dtype) if square else block_split(tile, spec.block, dtype, aligned)
     pairs = cfg.bf16_pairs and dtype == torch.bfloat16 and vec > 1 and (square or (aligned and spec.block > 0))
     ties = env.layout_ties_low() if cfg.ties_low is None else cfg.ties_low
-    return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner)
+    two_pass = cfg.square_two_pass if square and pairs and spec.code != FMT_NVFP4 and tile.bc == spec.block and tile.br == spec.tile_rows else 0
+    return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner, CHUNK_R=two_pass)
 
 
 def square_split(tile: TileShape, spec: QuantSpec, dtype: torch.dtype) -> int:

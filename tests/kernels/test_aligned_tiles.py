@@ -106,12 +106,16 @@ def test_unaligned_rows_are_not_aligned() -> None:
     assert not launch.row_aligned([(4, 256), (3, 320)], one_row, spec, False)
     assert not launch.row_aligned([(4, 256)], launch.TileShape(2, 256, 1), spec, False)
     assert not launch.row_aligned([(4, 256)], one_row, spec, True)
-    assert not launch.row_aligned([(128, 256)], one_row, parse_spec("fp8_block", None, {"tile_2d": True}), False)
+    sq, sq_tile = parse_spec("fp8_block", None, {"tile_2d": True}), launch.TileShape(128, 128, 8)
+    assert launch.row_aligned([(128, 256), (0, 8), (256, 128)], sq_tile, sq, False)  # square tiles: whole in both dims
+    assert not launch.row_aligned([(128, 256), (130, 256)], sq_tile, sq, False)
+    assert not launch.row_aligned([(128, 200)], sq_tile, sq, False)
 
 
 def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     """``launch.fwd_config``: square-block launches with ``FWD_CONFIG_SQUARE`` (NVFP4 16x16: 8 tiles
-    a program, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8 128x128: 8 warps), 1-D ones
+    a program, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8 128x128: 8 warps, bf16 in
+    two passes over 32-row chunks), 1-D ones
     with ``FWD_CONFIG``; a square-block format without an entry falls back to ``FWD_CONFIG``; the
     plan a list launch builds uses the chosen tile and register cap."""
     shapes = [(4096, 4096)] * 64  # enough tiles that no program count caps the tiles per program
@@ -125,13 +129,14 @@ def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch
         table = tables.expert_table([torch.zeros(256, 256, dtype=torch.bfloat16, device=device)])  # a plan probes its device
         kw = launch._fwd_plan(table, square, torch.bfloat16, False, False, launch.fwd_config(square))[1]
         assert kw.get("maxnreg") == regs and kw["PAIRS"], (fmt, kw)
+        assert kw["CHUNK_R"] == (32 if fmt == "fp8_block" else 0), (fmt, kw)
     mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
     monkeypatch.delitem(launch.FWD_CONFIG_SQUARE, mx_2d.code)
     assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
 
 
 SQUARE = [("nvfp4", 16), ("mxfp8", 32), ("mxfp4", 32), ("fp8_block", 128)]
-SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16"]
+SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16", "two-pass"]
 
 
 @pytest.mark.parametrize("layout", SQUARE_LAYOUTS)
@@ -149,10 +154,13 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
         rows = torch.where(rows.isfinite(), rows, torch.zeros((), dtype=rows.dtype))  # NVFP4 takes its scale from the amax modes below
     cut = rows.shape[0] // 3
     ws = [rows[:cut].to(device), rows[cut: cut + 0].to(device), rows[cut:].to(device)]
-    base = layout_config(layout.replace("blocks", "").replace("rows", ""), 2048, 2)
+    base = layout_config(layout.replace("blocks", "").replace("rows", "").replace("two-pass", ""), 2048, 2)
     cfg = replace(base, num_warps=2, square_rows_on_lanes=layout.startswith("rows"))
+    if layout == "two-pass":  # one block a tile, read in chunks of 8 rows (several chunks for every block size)
+        cfg = replace(cfg, block=block * block, num_warps=4, square_two_pass=8)
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
+    assert kw["CHUNK_R"] == (8 if layout == "two-pass" and fmt != "nvfp4" else 0), kw
     rows_inner = layout.startswith("rows") and block < 128
     assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (not layout.endswith("int16")), kw
     assert (kw["SPLIT"] > 1) == rows_inner, kw
@@ -164,10 +172,11 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
         amax, view = None, api.no_amax(ws[0].device)
     launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, **opts)
-    assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/ROWS_INNER={rows_inner}/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}")
+    assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/ROWS_INNER={rows_inner}/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}"
+                                          f"/CHUNK_R={kw['CHUNK_R']}")
 
 
-@pytest.mark.parametrize("layout", ["blocks", "rows"])
+@pytest.mark.parametrize("layout", ["blocks", "rows", "two-pass"])
 @pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
 def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
     """Square blocks whose largest magnitude is held by one element (the other tests' rows give
@@ -184,7 +193,9 @@ def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torc
             peak = x[br * block:(br + 1) * block, bc * block:(bc + 1) * block].abs().max() * 3
             x[r, c] = peak if torch.rand((), generator=gen) < 0.5 else -peak
     ws = [x.to(torch.bfloat16).to(device)]
-    cfg = replace(layout_config(layout, 2048, 2), num_warps=2, square_rows_on_lanes=layout == "rows")
+    cfg = replace(layout_config("", 2048, 2), num_warps=2, square_rows_on_lanes=layout == "rows")
+    if layout == "two-pass":
+        cfg = replace(cfg, block=block * block, num_warps=4, square_two_pass=8)
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
     assert kw["PAIRS"], kw
@@ -197,6 +208,49 @@ def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torc
     launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)
     assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/one peak a block")
+
+
+ALIGNED_SQUARE_LAYOUTS = {  # (input dtype, configuration over the layout_config of 2048 x 2)
+    "pairs": (torch.bfloat16, {}),
+    "int16": (torch.bfloat16, {"bf16_pairs": False}),
+    "rows": (torch.bfloat16, {"square_rows_on_lanes": True}),
+    "two-pass": (torch.bfloat16, {"num_warps": 4, "square_two_pass": 8}),  # one block a tile (NVFP4: one pass)
+    "fp32": (torch.float32, {}),
+}
+
+
+@pytest.mark.parametrize("layout", list(ALIGNED_SQUARE_LAYOUTS))
+@pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
+def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
+    """Square blocks where every expert holds whole tiles (rows a multiple of the tile's rows,
+    columns of its columns: the model shapes): the plan says ``ALIGNED`` and the tiles are loaded
+    and stored without masks; every scale boundary of the format, all-zero, inf and NaN blocks
+    (NVFP4: finite, with the amax modes), an empty expert, bit for bit against the reference."""
+    dtype, over = ALIGNED_SQUARE_LAYOUTS[layout]
+    spec = parse_spec(fmt, None, {"tile_2d": True})
+    rows = square_tiles(gen, dtype, block, 256, 3 if block == 128 else 24)
+    rows = torch.cat([rows, rows[: -rows.shape[0] % block]])  # whole blocks of rows, the special rows included
+    if fmt == "nvfp4":
+        rows = torch.where(rows.isfinite(), rows, torch.zeros((), dtype=rows.dtype))
+    cut = rows.shape[0] // block // 2 * block
+    ws = [rows[:cut].to(device), rows[:0].to(device), rows[cut:].to(device)]
+    cfg = replace(layout_config("", 2048, 2), **{"num_warps": 2, **over})
+    if layout == "two-pass":
+        cfg = replace(cfg, block=block * block)
+    table = tables.expert_table(ws)
+    kw = launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]
+    assert kw["ALIGNED"], f"{fmt}/{layout}: the plan must take whole square tiles without masks ({kw['BR']} x {kw['BC']})"
+    assert kw["CHUNK_R"] == (8 if layout == "two-pass" and fmt != "nvfp4" else 0), kw
+    assert kw["PAIRS"] == (layout not in ("int16", "fp32")), kw
+    flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
+    if fmt == "nvfp4":
+        amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device)
+        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
+    else:
+        amax, view = None, api.no_amax(ws[0].device)
+    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)
+    assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/aligned/{kw['BR']}x{kw['BC']}/CHUNK_R={kw['CHUNK_R']}")
 
 
 OFF_16 = [("mxfp8", {}), ("int4_group", {}), ("fp8_block", {"fp32_scale": True})]
