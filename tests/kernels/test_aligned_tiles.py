@@ -15,7 +15,7 @@ import torch
 from moe_fq_parity import reference
 from moe_fq_parity.kernels import api, env, launch, tables
 from moe_fq_parity.kernels.amax import amax_for_list
-from moe_fq_parity.kernels.formats import FMT_NVFP4, parse_spec
+from moe_fq_parity.kernels.formats import FMT_NVFP4, QuantSpec, parse_spec
 
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
 from .test_block_formats import BLOCK, block_rows, boundary_amaxes, square_tiles
@@ -135,6 +135,16 @@ def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch
     assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
 
 
+def _launch_square(table: tables.ExpertTable, ws: list[torch.Tensor], amax: torch.Tensor | None, spec: QuantSpec, dtype: torch.dtype,
+                   cfg: launch.KernelConfig) -> list[torch.Tensor]:
+    """The forward of square-block ``spec`` over ``ws`` with ``cfg`` (NVFP4 with the per-expert
+    ``amax``; the other formats take their scales from the data): the outputs."""
+    flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
+    view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True) if amax is not None else api.no_amax(ws[0].device)
+    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    return outs
+
+
 SQUARE = [("nvfp4", 16), ("mxfp8", 32), ("mxfp4", 32), ("fp8_block", 128)]
 SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16", "two-pass"]
 
@@ -164,13 +174,8 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
     rows_inner = layout.startswith("rows") and block < 128
     assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (not layout.endswith("int16")), kw
     assert (kw["SPLIT"] > 1) == rows_inner, kw
-    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
-    if fmt == "nvfp4":
-        amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device)
-        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
-    else:
-        amax, view = None, api.no_amax(ws[0].device)
-    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device) if fmt == "nvfp4" else None
+    outs = _launch_square(table, ws, amax, spec, torch.bfloat16, cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, **opts)
     assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/ROWS_INNER={rows_inner}/SPLIT={kw['SPLIT']}/PAIRS={kw['PAIRS']}/TIES_LOW={kw['TIES_LOW']}"
                                           f"/CHUNK_R={kw['CHUNK_R']}")
@@ -199,13 +204,8 @@ def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torc
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
     assert kw["PAIRS"], kw
-    flat, outs = tables.alloc_outputs(table, torch.bfloat16, ws[0].device)
-    if fmt == "nvfp4":
-        amax = torch.stack([w.float().abs().amax() for w in ws]).to(device)
-        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
-    else:
-        amax, view = None, api.no_amax(ws[0].device)
-    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    amax = torch.stack([w.float().abs().amax() for w in ws]).to(device) if fmt == "nvfp4" else None
+    outs = _launch_square(table, ws, amax, spec, torch.bfloat16, cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)
     assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/one peak a block")
 
@@ -242,13 +242,8 @@ def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str,
     assert kw["ALIGNED"], f"{fmt}/{layout}: the plan must take whole square tiles without masks ({kw['BR']} x {kw['BC']})"
     assert kw["CHUNK_R"] == (8 if layout == "two-pass" and fmt != "nvfp4" else 0), kw
     assert kw["PAIRS"] == (layout not in ("int16", "fp32")), kw
-    flat, outs = tables.alloc_outputs(table, dtype, ws[0].device)
-    if fmt == "nvfp4":
-        amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device)
-        view = amax_for_list(amax, [r for r, _ in table.shapes], ws[0].device, nvfp4=True)
-    else:
-        amax, view = None, api.no_amax(ws[0].device)
-    launch.fwd_list(table, ws, flat, view, spec, check=False, config=cfg)
+    amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device) if fmt == "nvfp4" else None
+    outs = _launch_square(table, ws, amax, spec, dtype, cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)
     assert_same_bits(outs, want, ws, case=f"{fmt}/2d/{layout}/aligned/{kw['BR']}x{kw['BC']}/CHUNK_R={kw['CHUNK_R']}")
 
