@@ -214,13 +214,15 @@ ALIGNED_SQUARE_LAYOUTS = {  # (input dtype, configuration over the layout_config
     "pairs": (torch.bfloat16, {}),
     "int16": (torch.bfloat16, {"bf16_pairs": False}),
     "rows": (torch.bfloat16, {"square_rows_on_lanes": True}),
-    "two-pass": (torch.bfloat16, {"num_warps": 4, "square_two_pass": 8}),  # one block a tile (NVFP4: one pass)
+    "two-pass": (torch.bfloat16, {"num_warps": 4, "square_two_pass": 8}),  # one block a tile
     "fp32": (torch.float32, {}),
 }
 
 
-@pytest.mark.parametrize("layout", list(ALIGNED_SQUARE_LAYOUTS))
-@pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
+ALIGNED_SQUARE_CASES = [(f, b, lay) for f, b in SQUARE for lay in ALIGNED_SQUARE_LAYOUTS if (f, lay) != ("nvfp4", "two-pass")]  # NVFP4: one pass only
+
+
+@pytest.mark.parametrize("fmt,block,layout", ALIGNED_SQUARE_CASES, ids=[f"{f}-{lay}" for f, _, lay in ALIGNED_SQUARE_CASES])
 def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
     """Square blocks where every expert holds whole tiles (rows a multiple of the tile's rows,
     columns of its columns: the model shapes): the plan says ``ALIGNED`` and the tiles are loaded
@@ -240,7 +242,7 @@ def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str,
     table = tables.expert_table(ws)
     kw = launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]
     assert kw["ALIGNED"], f"{fmt}/{layout}: the plan must take whole square tiles without masks ({kw['BR']} x {kw['BC']})"
-    assert kw["CHUNK_R"] == (8 if layout == "two-pass" and fmt != "nvfp4" else 0), kw
+    assert kw["CHUNK_R"] == (8 if layout == "two-pass" else 0), kw
     assert kw["PAIRS"] == (layout not in ("int16", "fp32")), kw
     amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device) if fmt == "nvfp4" else None
     outs = _launch_square(table, ws, amax, spec, dtype, cfg)
