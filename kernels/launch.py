@@ -107,8 +107,9 @@ FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
 }
 """Square-block (``tile_2d``) launches, bf16 loaded as int32 pairs, chosen on an H200 by the L2
 ceiling and the Ultra call (``docs/kernels_performance.md`` sections 14-15): NVFP4 16x16 with 8 tiles a
-program and 96 registers (137% / 94% of copy; int16 loads 116 / 94), MX 32x32 in 4096 x 4 tiles
-(MXFP4 capped at 64 registers: 136 / 98, MXFP8 at 72: 167 / 98; 2048 x 2: 135 / 95 and 171 / 96),
+program and 96 registers (137% / 94% of copy; int16 loads 116 / 94; whole tiles without masks
+146 / 94), MX 32x32 in 4096 x 4 tiles (MXFP4 capped at 64 registers: 136 / 98, whole tiles 140 /
+98; MXFP8 at 72: 167 / 98, whole tiles 171 / 98; 2048 x 2: 135 / 95 and 171 / 96),
 FP8 128x128 in 8-warp programs, bf16 read in two passes over 32-row chunks (160 / 100; one pass at
 64 elements a thread, two programs an SM: 121 / 89; 16-row chunks 162 / 85; 4 warps 161 / 75,
 sixteen 32 KB blocks an SM in flight, twice its L1).  fp16 and fp32 input take the one pass (8
