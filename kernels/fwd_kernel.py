@@ -385,8 +385,9 @@ def _two_pass_block(xb, yb, t, n_tc, rows, cols, flag_ptr, sign_all, nan_all, FM
     even), of a format whose scales come from the data, in two passes over its ``CHUNK_R``-row
     chunks: the block max of every chunk's words, then each chunk loaded again (from the caches)
     and rounded with the block's scale.  Only one chunk is live at a time, so a 128x128 block
-    needs few registers a thread and several programs fit an SM; the second read costs cache
-    bandwidth, not memory traffic.  Partial blocks are masked (their padding reads as zero)."""
+    needs few registers a thread and several programs fit an SM; the first read asks the caches to
+    keep the lines (``evict_last``) for the second.  Partial blocks are masked (their padding reads
+    as zero)."""
     tr = t // n_tc
     r0 = tr * BR
     c0 = (t - tr * n_tc) * (BC // 2)
