@@ -77,13 +77,13 @@ def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1, TIES
     row/column split of ``t`` and no mask.  ``(tile0, offs)``: offsets ``[1, BC]`` (``B = 0``) or,
     for blocks of ``B`` along the row each cut into ``K`` parts, ``[K, BC // B, B // K]``, built as
     ``[BC // B, K, B // K]`` with ``TIES_LOW`` (``env.layout_ties_low``; the kernel's block max
-    then reduces axis 1 where it would reduce axis 0).  Either way the compiled kernel places no lane and no warp along the parts'
-    axis (NVFP4 at the Ultra launch, bf16 pairs: ``[2, 128, 4]`` words with sizePerThread ``[1, 1,
-    4]``, threadsPerWarp ``[1, 32, 1]``, warpsPerCTA ``[1, 2, 1]``; with Triton 3.6 ``[128, 2, 4]``,
-    ``[32, 1, 1]``, ``[2, 1, 1]``; checked for the 1-D block formats that split by
-    ``tests/kernels/test_instructions.py``), so the ``K`` parts of a block are one thread's: the
-    block max reduces over the parts' axis and axis 2, and per-block values are computed once per thread
-    (``launch.block_split`` chooses ``K``)."""
+    then reduces axis 1 where it would reduce axis 0).  Either way the compiled kernel places no
+    lane and no warp along the parts' axis (NVFP4 at the Ultra launch, bf16 pairs: ``[2, 128, 4]``
+    words with sizePerThread ``[1, 1, 4]``, threadsPerWarp ``[1, 32, 1]``, warpsPerCTA ``[1, 2,
+    1]``; with Triton 3.6 ``[128, 2, 4]``, ``[32, 1, 1]``, ``[2, 1, 1]``; checked for the 1-D block
+    formats that split by ``tests/kernels/test_instructions.py``), so the ``K`` parts of a block
+    are one thread's: the block max reduces over the parts' axis and axis 2, and per-block values
+    are computed once per thread (``launch.block_split`` chooses ``K``)."""
     tile0 = t.to(tl.int64) * BC
     if B == 0:
         return tile0, tl.arange(0, BC)[None, :]
