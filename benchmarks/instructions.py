@@ -37,12 +37,13 @@ _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_
 
 
 _BLOCKED = re.compile(r"^#(blocked\d*) = #ttg\.blocked<\{(.*)\}>")
-_INPUT_LOAD = re.compile(r"tt\.load .*: tensor<([0-9x]+)x!tt\.ptr<i(?:16|32)>, #(blocked\d*)>")
+_INPUT_LOAD = re.compile(r"(?:tt\.load|ttg\.async_copy_global_to_local) .*: tensor<([0-9x]+)x!tt\.ptr<i(?:16|32)>, #(blocked\d*)>")
 
 
 def input_layout(ttgir: str) -> dict:
     """The layout Triton gave the tile of input bits (the first 16-bit tensor load, or 32-bit: bf16
-    pairs, ``launch.block_layout``'s ``PAIRS``; tile shapes then count words): its shape and
+    pairs, ``launch.block_layout``'s ``PAIRS``; tile shapes then count words; a pipelined loop's
+    load is its copy to shared memory, ``launch.KernelConfig.pipeline_stages``): its shape and
     ``sizePerThread``, ``threadsPerWarp``, ``warpsPerCTA`` per axis, read from the compiled TTGIR."""
     layouts = {}
     for line in ttgir.splitlines():

@@ -8,9 +8,10 @@ Per format the fp32 op sequence is the reference default variant's (see the modu
 ``[BR, BC / block, block]`` tiles (``tiles.tile_3d``; a short last block of a row is zero-padded, as
 the reference pads it) and take the block amax as one integer max of the magnitude bits; with
 ``tile_2d`` (``TILE_R = block`` rows per block: FP8 block-wise 128x128, MX 32x32, NVFP4 16x16) the
-tiles are ``TILE_R`` rows of whole blocks in one of ``tiles.tile_4d``'s layouts (partial tiles
-zero-padded in both dims) and the max runs over the block's rows and columns (FP8 128x128 in bf16:
-one block a tile, read twice in row chunks, ``CHUNK_R``, ``_two_pass_block``).  Tiles that are
+tiles are ``TILE_R`` rows of whole blocks (partial tiles zero-padded in both dims; bf16 pairs loaded
+as rows, ``tiles.tile_rows``, and reshaped into blocks, other inputs in one of ``tiles.tile_4d``'s
+layouts) and the max runs over the block's rows and columns (FP8 128x128 in bf16: one block a tile,
+read twice in row chunks, ``CHUNK_R``, ``_two_pass_block``).  Tiles that are
 whole (``ALIGNED``, the model shapes' launches: one-row tiles over rows that are multiples of the
 tile, starting at ``t * BC``, ``tiles.tile_aligned``, a block's ``SPLIT`` parts in one thread;
 square tiles where every expert's rows and columns are multiples of the tile's) are loaded and
@@ -26,7 +27,10 @@ the quotient is subnormal); element rounding uses ``tl_rounding``.  On a GPU som
 hardware's, with the same bits: the bf16 output conversion (``HW_BF16``; sign and NaN pattern are
 applied to the fp32 value before one paired conversion, ``out_bits``) and, from compute capability
 8.9, E4M3 rounding (``HW_E4M3``, ``round_sat_e4m3``).  Per-expert scales are computed once per
-program, which then loops over ``TPP`` tiles of its expert.
+program, which then loops over ``TPP`` tiles of its expert; with ``STAGES`` (square bf16 tiles,
+``launch.KernelConfig.pipeline_stages``) Triton's pipeliner loads tiles ahead into shared memory,
+and a program short of tiles redoes its last one (the same bits, written again) so that the loop
+body holds no branch on the tile.
 
 Every format's output has the sign of its input (the scales are positive and every rounding step
 keeps the sign, -0 included), so elements are processed as magnitudes and the input's sign bit is
@@ -77,7 +81,7 @@ from .formats import (
     NVFP4_GLOBAL_SCALE_NUM,
     TINY_AMAX,
 )
-from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_aligned, tile_count
+from .tiles import expert_geometry, expert_ptr, tile_2d, tile_3d, tile_4d, tile_aligned, tile_count, tile_rows
 from .tl_rounding import (
     bf16_bits,
     bf16_pairs,
@@ -457,6 +461,7 @@ def fake_quant_fwd_kernel(
     TIES_LOW: tl.constexpr = False,
     ROWS_INNER: tl.constexpr = False,
     CHUNK_R: tl.constexpr = 0,
+    STAGES: tl.constexpr = 0,
 ):
     """Fake-quantize tiles ``program_id(0)*TPP ..`` of expert ``program_id(1)``; see the module docstring."""
     p = tl.program_id(0)
@@ -493,9 +498,14 @@ def fake_quant_fwd_kernel(
             if not PER_CHANNEL:
                 s, inv = _fp8_scales(a, INT_DIV)
                 s, nanb = _poisoned(s, a, tl.zeros_like(a) != 0, nan_all, CHECK)
-        for k in range(TPP):
-            t = p * TPP + k
-            if t < n_t:
+        for k in tl.range(0, TPP, num_stages=STAGES if STAGES > 0 else None):
+            if STAGES == 0:
+                t = p * TPP + k
+                live = t < n_t
+            else:  # the pipeliner needs a body without a branch on t: a program short of tiles redoes its last (the same bits again)
+                t = tl.minimum(p * TPP + k, n_t - 1)
+                live = tl.constexpr(True)
+            if live:
                 if CHUNK_R > 0:  # one square block a tile, in two passes over its row chunks
                     _two_pass_block(xb, yb, t, n_tc, rows, cols, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                     HW_E4M3, INT_DIV, BR, BC, CHUNK_R)
@@ -504,13 +514,20 @@ def fake_quant_fwd_kernel(
                     if ALIGNED:  # whole tiles (launch.row_aligned)
                         mask = None
                     if PAIRS:  # the same tile in words (cols and the tile's columns are even); only the words live across the max
-                        tile0w, offsw, maskw = tile_4d(t, n_tc, rows, cols // 2, BR, BC // 2, TILE_R, BLOCK // 2, ROWS_INNER, SPLIT, TIES_LOW)
+                        if ROWS_INNER:
+                            tile0w, offsw, maskw = tile_4d(t, n_tc, rows, cols // 2, BR, BC // 2, TILE_R, BLOCK // 2, ROWS_INNER, SPLIT, TIES_LOW)
+                        else:  # rows of words, split into blocks after the load (tile_rows)
+                            tile0w, offsw, maskw = tile_rows(t, n_tc, rows, cols // 2, BR, BC // 2)
                         if ALIGNED:
                             maskw = None
                             w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, eviction_policy="evict_first")
                         else:
                             w = tl.load(xb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, mask=maskw, other=0, eviction_policy="evict_first")
-                        bmax = tl.expand_dims(_square_max(pair_magnitude_bits(w), ROWS_INNER, SPLIT, TIES_LOW), 4)
+                        if ROWS_INNER:
+                            bmax = tl.expand_dims(_square_max(pair_magnitude_bits(w), ROWS_INNER, SPLIT, TIES_LOW), 4)
+                        else:
+                            w = tl.reshape(w, [BR // TILE_R, TILE_R, BC // BLOCK, BLOCK // 2])
+                            bmax = tl.expand_dims(_square_max(pair_magnitude_bits(w), False, 1, False), 4)
                         x = bf16_pairs(w)
                         mag = magnitude_bits(x)
                         bits = bf16_bits(x)
@@ -529,6 +546,8 @@ def fake_quant_fwd_kernel(
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV, PAIRS)
                     if PAIRS:  # stored as the words it was loaded as
+                        if not ROWS_INNER:
+                            out = tl.reshape(out, [BR, BC // 2])
                         tl.store(yb.to(tl.pointer_type(tl.int32)) + tile0w + offsw, out, mask=maskw)
                     else:
                         tl.store(yb + tile0 + offs, out, mask=mask)

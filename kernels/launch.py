@@ -79,6 +79,16 @@ class KernelConfig:
     tiles_per_program: int = 1
     """Most tiles each program loops over (per-expert scales computed once per program); fewer
     when the problem is small (``geometry.tiles_per_program``)."""
+    pipeline_stages: int = 0
+    """Square-block tiles in bf16 pairs (loaded as rows of words, ``tiles.tile_rows``): the
+    program's tile loop as ``tl.range(num_stages=...)``, whose loads Triton's pipeliner issues
+    ``stages - 1`` tiles ahead into shared memory (``cp.async`` from compute capability 8.0), so a
+    program keeps tiles in flight without registers to hold them; 0: each tile loaded when its
+    iteration starts.  Other tiles ignore it (``block_layout``): the 1-D block tiles' warp accesses
+    use half of each 32-byte sector, which the copy to shared memory fetches whole from L2 twice
+    (H200, NVFP4: 161 -> 67% of copy from L2); INT8 and FP8 gain at Ultra (98 -> 101, 98 -> 100)
+    but lose L2 headroom (164 -> 149, 192 -> 161) and need no gain (``docs/kernels_performance.md``
+    section 16)."""
 
 
 # Chosen by sweeps of the kernel alone over the benchmark's cases (docs/kernels_performance.md
@@ -99,18 +109,19 @@ FWD_CONFIG: dict[int, KernelConfig] = {
     FMT_MXFP4: KernelConfig(2048, 2, tiles_per_program=1, split_blocks=False),
 }
 FWD_CONFIG_SQUARE: dict[int, KernelConfig] = {
-    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=8, nvfp4_int_recip=False, max_registers=96),
+    FMT_NVFP4: KernelConfig(2048, 2, tiles_per_program=4, nvfp4_int_recip=False, max_registers=96, pipeline_stages=3),
     FMT_FP8B: KernelConfig(2048, 2, tiles_per_program=1, square_two_pass=32, square_max_warps=8, max_registers=128),
     FMT_FP8B_FP32S: KernelConfig(2048, 2, tiles_per_program=1, square_two_pass=32, square_max_warps=8, max_registers=128),
     FMT_MXFP8: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=72),
     FMT_MXFP4: KernelConfig(4096, 4, tiles_per_program=1, split_blocks=False, max_registers=64),
 }
 """Square-block (``tile_2d``) launches, bf16 loaded as int32 pairs, chosen on an H200 by the L2
-ceiling and the Ultra call (``docs/kernels_performance.md`` sections 14-15): NVFP4 16x16 with 8 tiles a
-program and 96 registers (137% / 94% of copy; int16 loads 116 / 94; whole tiles without masks
-146 / 94), MX 32x32 in 4096 x 4 tiles (MXFP4 capped at 64 registers: 136 / 98, whole tiles 140 /
-98; MXFP8 at 72: 167 / 98, whole tiles 171 / 98; 2048 x 2: 135 / 95 and 171 / 96),
-FP8 128x128 in 8-warp programs, bf16 read in two passes over 32-row chunks (160 / 100; one pass at
+ceiling and the Ultra call (``docs/kernels_performance.md`` sections 14-16): NVFP4 16x16 with 4
+tiles a program, 96 registers and its loads pipelined 3 stages deep (138% / 99.5% of copy; 8
+tiles without the pipeline 146 / 94, with it 144 / 96; 2 tiles 124 / 98.5; 4 stages 135 / 99),
+MX 32x32 in 4096 x 4 tiles (MXFP4 capped at 64 registers: 136 / 98, whole tiles 140 / 98; MXFP8
+at 72: 167 / 98, whole tiles 171 / 98; 2048 x 2: 135 / 95 and 171 / 96), FP8 128x128 in 8-warp
+programs, bf16 read in two passes over 32-row chunks (160 / 100; one pass at
 64 elements a thread, two programs an SM: 121 / 89; 16-row chunks 162 / 85; 4 warps 161 / 75,
 sixteen 32 KB blocks an SM in flight, twice its L1).  fp16 and fp32 input take the one pass (8
 warps, 128 registers)."""
@@ -273,7 +284,8 @@ def block_layout(tile: TileShape, spec: QuantSpec, dtype: torch.dtype, aligned: 
     pairs = cfg.bf16_pairs and dtype == torch.bfloat16 and vec > 1 and (square or (aligned and spec.block > 0))
     ties = env.layout_ties_low() if cfg.ties_low is None else cfg.ties_low
     two_pass = cfg.square_two_pass if square and pairs and spec.code != FMT_NVFP4 and tile.bc == spec.block and tile.br == spec.tile_rows else 0
-    return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner, CHUNK_R=two_pass)
+    stages = cfg.pipeline_stages if square and pairs and not rows_inner and not two_pass else 0
+    return dict(SPLIT=split, PAIRS=pairs, TIES_LOW=ties, ROWS_INNER=rows_inner, CHUNK_R=two_pass, STAGES=stages)
 
 
 def square_split(tile: TileShape, spec: QuantSpec, dtype: torch.dtype) -> int:

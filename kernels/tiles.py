@@ -71,6 +71,24 @@ def tile_2d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def tile_rows(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """Tile ``t`` as ``[BR, BC]`` rows: ``(tile0, offs, mask)`` (``tile_2d`` without the row
+    indices).  Its only axes are the rows and the contiguous columns, so every Triton version lays
+    it out alike (lanes along the row, whole 128-byte lines a warp access) and a shared-memory copy
+    of it (``tl.range``'s pipelined loads) is row-major: a warp's 16-byte reads of one row fall in
+    distinct banks.  Square-block tiles in bf16 pairs load this way and are reshaped to ``[BR // R,
+    R, BC // B, B]`` (the same registers: no data moves); ``tile_4d``'s arrangement ``[.., NB, R,
+    B]`` copied to shared memory put a row's blocks 512 bytes apart, all in the same banks (NVFP4
+    16x16: 63 million bank conflicts in one Ultra call, 86% of copy against 97%)."""
+    tr = t // n_tc
+    r0 = tr * BR
+    c0 = (t - tr * n_tc) * BC
+    rl = tl.arange(0, BR)[:, None]
+    cl = tl.arange(0, BC)[None, :]
+    return r0.to(tl.int64) * cols + c0, rl * cols + cl, ((r0 + rl) < rows) & ((c0 + cl) < cols)
+
+
+@triton.jit
 def tile_aligned(t, BC: tl.constexpr, B: tl.constexpr, K: tl.constexpr = 1, TIES_LOW: tl.constexpr = False):
     """Tile ``t`` of an expert whose tiled rows are multiples of ``BC`` long, in one-row tiles
     (``ALIGNED``, host-checked): it starts at element ``t * BC`` and is whole, so it needs no
@@ -113,14 +131,15 @@ def tile_4d(t, n_tc, rows, cols, BR: tl.constexpr, BC: tl.constexpr, R: tl.const
     """Tile ``t`` of square ``R x B`` blocks (``BR`` a multiple of ``R``, so every block starts on a
     row multiple of ``R``): ``(tile0, offs, mask)``; the rows and columns of a partial block past
     the expert's edge are masked (they load as zero).  Two layouts, each built in the arrangement
-    that gives it under the installed Triton's tie rule (``TIES_LOW``, ``env.layout_ties_low``):
+    that gives it under the installed Triton's tie rule (``TIES_LOW``, ``env.layout_ties_low``).
+    bf16 pairs outside ``ROWS_INNER`` take ``tile_rows`` instead (the default's lanes, no
+    arrangement to choose):
 
-    * default: a row of the tile's blocks on a warp's lanes, the rows across lanes and warps:
-      ``[BR // R, R, BC // B, B]`` (``[BR // R, BC // B, R, B]`` with ``TIES_LOW``); the block max
-      reduces over the columns and, across the warps through shared memory, the rows (NVFP4
-      16x16 at the Ultra launch: threadsPerWarp ``[1, 2, 8, 2]``, with Triton 3.6 ``[1, 8, 2, 2]`` over
-      its arrangement; checked by
-      ``tests/kernels/test_instructions.py``).  Each warp access covers whole 128-byte lines.
+    * default (int16 and fp32 input): a row of the tile's blocks on a warp's lanes, the rows
+      across lanes and warps: ``[BR // R, R, BC // B, B]`` (``[BR // R, BC // B, R, B]`` with
+      ``TIES_LOW``); the block max reduces over the columns and, across the warps through shared
+      memory, the rows (NVFP4 16x16 in 2048 x 2 tiles: threadsPerWarp ``[1, 2, 8, 2]``, with Triton
+      3.6 ``[1, 8, 2, 2]`` over its arrangement).  Each warp access covers whole 128-byte lines.
     * ``ROWS_INNER`` (``BR == R``, blocks of at most 1024 elements): ``[K, BC // B, R // K, B]``,
       row ``k * (R // K) + i`` (``[R // K, BC // B, K, B]`` with ``TIES_LOW``; the same reduction
       over axes 0, 2 and 3): a block's ``R // K`` rows x ``B`` columns on the lanes of one warp,

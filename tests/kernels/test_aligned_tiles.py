@@ -113,13 +113,13 @@ def test_unaligned_rows_are_not_aligned() -> None:
 
 
 def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
-    """``launch.fwd_config``: square-block launches with ``FWD_CONFIG_SQUARE`` (NVFP4 16x16: 8 tiles
-    a program, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8 128x128: 8 warps, bf16 in
-    two passes over 32-row chunks), 1-D ones
+    """``launch.fwd_config``: square-block launches with ``FWD_CONFIG_SQUARE`` (NVFP4 16x16: 4 tiles
+    a program, loads pipelined 3 stages deep, 96 registers; MX 32x32: 32 x 128 tiles in 4 warps; FP8
+    128x128: 8 warps, bf16 in two passes over 32-row chunks), 1-D ones
     with ``FWD_CONFIG``; a square-block format without an entry falls back to ``FWD_CONFIG``; the
     plan a list launch builds uses the chosen tile and register cap."""
     shapes = [(4096, 4096)] * 64  # enough tiles that no program count caps the tiles per program
-    want = {"nvfp4": (16, 128, 2, 8, 96), "mxfp8": (32, 128, 4, 1, 72), "mxfp4": (32, 128, 4, 1, 64), "fp8_block": (128, 128, 8, 1, 128)}
+    want = {"nvfp4": (16, 128, 2, 4, 96), "mxfp8": (32, 128, 4, 1, 72), "mxfp4": (32, 128, 4, 1, 64), "fp8_block": (128, 128, 8, 1, 128)}
     for fmt, (br, bc, warps, tpp, regs) in want.items():
         flat, square = parse_spec(fmt, None, {}), parse_spec(fmt, None, {"tile_2d": True})
         assert launch.fwd_config(flat) is launch.FWD_CONFIG[flat.code]
@@ -130,6 +130,7 @@ def test_square_blocks_take_their_own_configuration_where_one_is_set(monkeypatch
         kw = launch._fwd_plan(table, square, torch.bfloat16, False, False, launch.fwd_config(square))[1]
         assert kw.get("maxnreg") == regs and kw["PAIRS"], (fmt, kw)
         assert kw["CHUNK_R"] == (32 if fmt == "fp8_block" else 0), (fmt, kw)
+        assert kw["STAGES"] == (3 if fmt == "nvfp4" else 0), (fmt, kw)
     mx_2d = parse_spec("mxfp8", None, {"tile_2d": True})
     monkeypatch.delitem(launch.FWD_CONFIG_SQUARE, mx_2d.code)
     assert launch.fwd_config(mx_2d) is launch.FWD_CONFIG[mx_2d.code]
@@ -146,12 +147,28 @@ def _launch_square(table: tables.ExpertTable, ws: list[torch.Tensor], amax: torc
 
 
 SQUARE = [("nvfp4", 16), ("mxfp8", 32), ("mxfp4", 32), ("fp8_block", 128)]
-SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16", "two-pass"]
+SQUARE_LAYOUTS = ["blocks", "blocks-ties", "blocks-int16", "rows", "rows-ties", "rows-int16", "two-pass", "pipelined"]
+
+
+def _pipelined(cfg: launch.KernelConfig, table: tables.ExpertTable, spec: QuantSpec, dtype: torch.dtype,
+               monkeypatch: pytest.MonkeyPatch) -> launch.KernelConfig:
+    """``cfg`` with loads pipelined and 3, 2 or 4 tiles a program: the first whose plan loops over
+    several tiles a program and leaves some expert's last program fewer (it redoes its last tile).
+    The GPU's plan keeps the configured tiles a program however few the tiles (as the
+    interpreter's does: no SM count), so the test's small experts take them."""
+    monkeypatch.setattr(launch, "_sm_count", lambda device: None)
+    for n in (3, 2, 4):
+        cand = replace(cfg, pipeline_stages=3, tiles_per_program=n)
+        kw = launch._fwd_plan(table, spec, dtype, False, False, cand)[1]
+        if kw["TPP"] > 1 and any((-(-r // kw["BR"]) * -(-c // kw["BC"])) % kw["TPP"] for r, c in table.shapes if r and c):
+            return cand
+    raise AssertionError(f"{spec}: no tiles per program leaves a program fewer tiles")
 
 
 @pytest.mark.parametrize("layout", SQUARE_LAYOUTS)
 @pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
-def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
+def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Square blocks (``tile_2d``) with rows a multiple of 8 elements (bf16 pairs: the tile and its
     masks in int32 words) but of no whole block, rows of no whole tile: a row of blocks on the
     lanes (default) or a block's rows on the lanes with its row groups in one thread (``rows``:
@@ -169,8 +186,11 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
     if layout == "two-pass":  # one block a tile, read in chunks of 8 rows (several chunks for every block size)
         cfg = replace(cfg, block=block * block, num_warps=4, square_two_pass=8)
     table = tables.expert_table(ws)
+    if layout == "pipelined":
+        cfg = _pipelined(cfg, table, spec, torch.bfloat16, monkeypatch)
     kw = launch._fwd_plan(table, spec, torch.bfloat16, False, False, cfg)[1]
     assert kw["CHUNK_R"] == (8 if layout == "two-pass" and fmt != "nvfp4" else 0), kw
+    assert kw["STAGES"] == (3 if layout == "pipelined" else 0), kw
     rows_inner = layout.startswith("rows") and block < 128
     assert kw["ROWS_INNER"] == rows_inner and kw["PAIRS"] == (not layout.endswith("int16")), kw
     assert (kw["SPLIT"] > 1) == rows_inner, kw
@@ -216,6 +236,7 @@ ALIGNED_SQUARE_LAYOUTS = {  # (input dtype, configuration over the layout_config
     "rows": (torch.bfloat16, {"square_rows_on_lanes": True}),
     "two-pass": (torch.bfloat16, {"num_warps": 4, "square_two_pass": 8}),  # one block a tile
     "fp32": (torch.float32, {}),
+    "pipelined": (torch.bfloat16, {}),  # _pipelined
 }
 
 
@@ -223,7 +244,8 @@ ALIGNED_SQUARE_CASES = [(f, b, lay) for f, b in SQUARE for lay in ALIGNED_SQUARE
 
 
 @pytest.mark.parametrize("fmt,block,layout", ALIGNED_SQUARE_CASES, ids=[f"{f}-{lay}" for f, _, lay in ALIGNED_SQUARE_CASES])
-def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
+def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str, gen: torch.Generator, device: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Square blocks where every expert holds whole tiles (rows a multiple of the tile's rows,
     columns of its columns: the model shapes): the plan says ``ALIGNED`` and the tiles are loaded
     and stored without masks; every scale boundary of the format, all-zero, inf and NaN blocks
@@ -240,10 +262,13 @@ def test_aligned_square_tiles_match_reference(fmt: str, block: int, layout: str,
     if layout == "two-pass":
         cfg = replace(cfg, block=block * block)
     table = tables.expert_table(ws)
+    if layout == "pipelined":
+        cfg = _pipelined(cfg, table, spec, dtype, monkeypatch)
     kw = launch._fwd_plan(table, spec, dtype, False, False, cfg)[1]
     assert kw["ALIGNED"], f"{fmt}/{layout}: the plan must take whole square tiles without masks ({kw['BR']} x {kw['BC']})"
     assert kw["CHUNK_R"] == (8 if layout == "two-pass" else 0), kw
     assert kw["PAIRS"] == (layout not in ("int16", "fp32")), kw
+    assert kw["STAGES"] == (3 if layout == "pipelined" else 0), kw
     amax = amax_stack(ws, ["max", "zero", "below"], per_channel=False).to(device) if fmt == "nvfp4" else None
     outs = _launch_square(table, ws, amax, spec, dtype, cfg)
     want = reference.fake_quant_experts(ws, amax, fmt, tile_2d=True)

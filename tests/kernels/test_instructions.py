@@ -52,14 +52,14 @@ def test_bad_columns_and_the_interpreter_are_refused(tmp_path):
 
 
 def test_a_blocks_parts_and_a_square_blocks_rows_lie_where_the_kernel_relies_on(tmp_path):
-    """The layouts ``tiles.tile_aligned`` (``SPLIT``) and ``tiles.tile_4d`` (``ROWS_INNER``) are
-    written for, read from the compiled kernels' TTGIR at the Ultra launch on the installed Triton
-    (the tiles are built in the arrangement its tie rule needs: ``env.layout_ties_low``): a 1-D
-    block tile ``[K, NB, part]`` (``[NB, K, part]`` with ``ties_low``) keeps its ``K`` axis in one
-    thread (no lane, no warp along it) and a block's part on exactly its lanes; a square tile
-    ``[1, R, NB, B]`` (``[1, NB, R, B]``) puts a block's row on lanes, the next lanes on the next
-    blocks of the row (whole 128-byte lines a warp access) and the rows last.  bf16 tiles count
-    int32 words of two elements (``pairs``)."""
+    """The layouts ``tiles.tile_aligned`` (``SPLIT``) and ``tiles.tile_rows`` are written for, read
+    from the compiled kernels' TTGIR at the Ultra launch on the installed Triton (1-D block tiles
+    are built in the arrangement its tie rule needs: ``env.layout_ties_low``): a 1-D block tile
+    ``[K, NB, part]`` (``[NB, K, part]`` with ``ties_low``) keeps its ``K`` axis in one thread (no
+    lane, no warp along it) and a block's part on exactly its lanes; a square tile, loaded as rows
+    ``[BR, BC]``, puts whole rows of blocks on a warp's lanes (whole 128-byte lines a warp access)
+    and its warps across the rows (NVFP4 16x16's load is its pipelined copy to shared memory).
+    bf16 tiles count int32 words of two elements (``pairs``)."""
     proc, rows = _profile(tmp_path, "--columns", "nvfp4,int4_group,fp8_block+fp32s,nvfp4+2d,mxfp4+2d")
     assert proc.returncode == 0, proc.stderr[-2000:]
     by = {r["column"]: r for r in rows}
@@ -69,10 +69,9 @@ def test_a_blocks_parts_and_a_square_blocks_rows_lie_where_the_kernel_relies_on(
         assert by[col]["pairs"] and k > 1 and lay["shape"][kax] == k, (col, lay, k)
         assert lay["threadsPerWarp"][kax] == 1 and lay["warpsPerCTA"][kax] == 1, (col, lay)
         assert lay["sizePerThread"][2] * lay["threadsPerWarp"][2] == lay["shape"][2] and lay["warpsPerCTA"][2] == 1, (col, lay)
-    for col in ("nvfp4+2d", "mxfp4+2d"):
-        lay, ties = by[col]["input_layout"], by[col]["ties_low"]
-        nbax, rax = (1, 2) if ties else (2, 1)
-        assert by[col]["pairs"] and by[col]["split"] == 1 and lay["shape"][nbax] > 1, (col, lay)
-        assert lay["sizePerThread"][3] * lay["threadsPerWarp"][3] == lay["shape"][3], (col, lay)  # a block's row on lanes
-        assert lay["threadsPerWarp"][nbax] > 1 and lay["warpsPerCTA"][nbax] == 1, (col, lay)  # the next lanes on the next blocks
-        assert lay["threadsPerWarp"][rax] * lay["warpsPerCTA"][rax] > 1, (col, lay)  # the rows last, across lanes and warps
+    for col, block_words in (("nvfp4+2d", 8), ("mxfp4+2d", 16)):
+        lay = by[col]["input_layout"]
+        assert by[col]["pairs"] and by[col]["split"] == 1 and len(lay["shape"]) == 2, (col, lay)
+        row_words = lay["sizePerThread"][1] * lay["threadsPerWarp"][1]  # a warp access's words of one row
+        assert row_words % block_words == 0 and row_words * 4 % 128 == 0, (col, lay)  # whole blocks, whole lines
+        assert lay["warpsPerCTA"][1] == 1 and lay["threadsPerWarp"][0] * lay["warpsPerCTA"][0] > 1, (col, lay)  # warps across rows
