@@ -57,7 +57,8 @@ class KernelConfig:
     """Square blocks of at most 1024 elements on one warp's lanes (``tiles.tile_4d``'s
     ``ROWS_INNER``) instead of a row of blocks on the lanes: no shared memory, but more registers
     (H200, bf16 pairs, 2048 x 2 tiles: NVFP4 16x16 133 / 88, MXFP4 32x32 143 / 94% of copy, L2 ceiling
-    / Ultra, against the default's 137 / 94 and 136 / 98): off by default."""
+    / Ultra, against 137 / 94 and 136 / 98 with a row of blocks on the lanes, before NVFP4 16x16's
+    pipeline; ``docs/kernels_performance.md`` section 14): off by default."""
     bf16_pairs: bool = True
     """bf16 block tiles loaded as int32 words of two elements (``PAIRS``; ``tl_rounding.bf16_pairs``)
     where the experts are 16-byte aligned with rows of a multiple of 8 elements, else as int16."""
@@ -86,11 +87,11 @@ class KernelConfig:
     program keeps tiles in flight without registers to hold them; 0: each tile loaded when its
     iteration starts.  Shared memory: ``stages - 1`` tiles a program (NVFP4 16x16 in 2048 x 2
     tiles, 3 stages: 8 KB, so 14 programs an SM by shared memory, 10 by its 96 registers; measured
-    by ``ncu`` on an H200).  Other tiles ignore it (``block_layout``): the 1-D block tiles' warp accesses
-    use half of each 32-byte sector, which the copy to shared memory fetches whole from L2 twice
-    (H200, NVFP4: 161 -> 67% of copy from L2); INT8 and FP8 gain at Ultra (98 -> 101, 98 -> 100)
-    but lose L2 headroom (164 -> 149, 192 -> 161) and need no gain (``docs/kernels_performance.md``
-    section 16)."""
+    by ``ncu`` on an H200).  Other tiles ignore it (``block_layout``): the 1-D block tiles' warp
+    accesses use half of each 32-byte sector, which the copy to shared memory fetches whole from L2
+    twice (H200, NVFP4: 161 -> 67% of copy from L2); INT8 and FP8 gain at Ultra (98 -> 101, 98 ->
+    100) but lose L2 headroom (164 -> 149, 192 -> 161) and need no gain
+    (``docs/kernels_performance.md`` section 16)."""
 
 
 # Chosen by sweeps of the kernel alone over the benchmark's cases (docs/kernels_performance.md
