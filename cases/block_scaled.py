@@ -72,6 +72,9 @@ def _make(fmt: str, variant: str, opts: tuple, **kw) -> list[Entry]:
     fields = {**_base(fmt), "fmt": fmt, "variant": variant, "options": opts, **kw}
     if fields["dist"] in DISTRIBUTIONS and not DISTRIBUTIONS[fields["dist"]].applies_to(fmt):
         return []
+    spec = format_spec(fmt)
+    if fields["dist"] == "tile_specials" and spec.is_int and spec.rejects_nan_for(variant):
+        return []  # INT4 group-wise rejects NaN and inf alike: such specials only repeat the ``nan`` case's rejection
     return [fields]
 
 
@@ -79,7 +82,7 @@ def smoke() -> list[Entry]:
     """Small (two experts, one for 128x128 tiles) and enough to kill every block-scaled mutant
     (``moe-fq-parity selftest --suite smoke``): every variant on its tile boundaries (the default
     variant in 1D and 2D, the others in their first layout), every variant's specials, the default's zero
-    tiles, fp16 boundaries, and every bool option on fp32 boundaries."""
+    tiles, fp16 boundaries, and every bool option on fp32 boundaries and bf16 specials."""
     out: list[Entry] = []
     for fmt in tiled_formats():
         default = variants(fmt)[0]
@@ -99,6 +102,8 @@ def smoke() -> list[Entry]:
                     opts = tuple(sorted(_layouts(fmt, var)[0] + ((o.name, True),)))
                     out += _make(fmt, var, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist="tile_edges",
                                  dtype="fp32")  # fp32 output shows a one-ulp op-order difference
+                    # bf16 specials: the option's rule on subnormal, tiny, inf and NaN tiles (bf16's range reaches them)
+                    out += _make(fmt, var, opts, layout="stacked", n=_n(fmt, opts, 2), shape=_shape(fmt, opts), dist="tile_specials")
     return out
 
 

@@ -303,7 +303,7 @@ def _special_values(case: Case) -> torch.Tensor:
     sub_bits = torch.tensor([1, 2, 3, 0x55, 0x7F if dtype == torch.bfloat16 else 0x3FF], dtype=int_dtype)
     subs = sub_bits.view(dtype).to(torch.float32)
     vals = [torch.tensor([0.0, -0.0, fi.tiny, fi.max]), subs, -subs]
-    if not format_spec(case.fmt).rejects_nan:
+    if not format_spec(case.fmt).rejects_nan_for(case.variant):
         vals.append(torch.tensor([math.nan, math.inf, -math.inf]))
     return torch.cat(vals)
 
@@ -373,7 +373,8 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     "tile_specials": Distribution(lambda c, g, s: Generated(tile_specials(c, g, s, _dtype(c))), applies=tiled_with_nan),
 }
 """``outties``/``neartie`` need one encode scale per expert/row (no block scales: INT, FP8);
-``nan`` is for formats that reject NaN input (NVFP4), where the check is that it is rejected."""
+``nan`` is for formats where some variant rejects NaN input (NVFP4 ``modelopt_static``, INT4 group-wise):
+there the check is that it is rejected; a variant that takes NaN is compared as on any input."""
 
 
 def generate(case: Case, gen: torch.Generator, shapes: Shapes) -> Generated:

@@ -45,8 +45,9 @@ def tiled(spec: FormatSpec) -> bool:
 
 
 def tiled_with_nan(spec: FormatSpec) -> bool:
-    """Scales per tile and NaN input allowed (``tile_specials`` writes NaN)."""
-    return tiled(spec) and not spec.rejects_nan
+    """Scales per tile and NaN input taken by some variant (``tile_specials`` writes NaN where the case's
+    variant takes it, else ``-inf``)."""
+    return tiled(spec) and not all(spec.rejects_nan_for(v) for v in spec.variant_names)
 
 
 def _tile_index(case: Case, o: int, k: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
@@ -114,7 +115,7 @@ def tile_specials(case: Case, gen: torch.Generator, shapes: Shapes, dtype: torch
     """fp32 values of ``tile_specials`` (module docstring), exact in ``dtype``."""
     fi = torch.finfo(dtype)
     amaxes = _special_amax(dtype)
-    rejects_nan = format_spec(case.fmt).rejects_nan
+    rejects_nan = format_spec(case.fmt).rejects_nan_for(case.variant)
     int_dtype = torch.int32 if dtype == torch.float32 else torch.int16
     values = []
     for e, (o, k) in enumerate(shapes):

@@ -37,22 +37,21 @@ keeps the sign, -0 included), so elements are processed as magnitudes and the in
 OR-ed into the output bits; the exceptions are per-expert (per-block) constants: INT with amax
 < 2**-24 (an INT4 group with block amax < 2**-24) writes +0 for every element (per expert one
 branch, per channel or per group an explicit select of the magnitude, sign mask and NaN pattern, so
-compiled and interpreted kernels agree whatever their dequantization path) and NaN input writes the
-canonical NaN.
+compiled and interpreted kernels agree whatever their dequantization path), NVFP4 writes +0 where the
+scaled value ``x * es`` is zero (TE codes ``-0.0`` as ``+0``), and NaN input writes the canonical NaN.
 
 amax ``-0.0`` is valid (``-0.0 >= 0``) and gives the bits of ``+0.0`` in every format, as in the
 reference: INT and FP8 only compare amax with 2**-24, NVFP4 selects ``+0.0`` for it explicitly.
 
 Checks (``CHECK``; slots and host side in ``kernels/checks.py``): program ``(0, e)`` checks every
 amax entry of expert ``e`` (empty experts included): NaN -> ``flag[0]``, +-inf -> ``flag[1]``,
-negative -> ``flag[2]``; unsigned INT with a negative input -> ``flag[3]``; NVFP4 with a NaN input
--> ``flag[4]``; INT4 group-wise with a NaN or inf input -> ``flag[5]`` (formats without amax check
-no amax).  Each flag is a plain store of 1 (idempotent: no atomics, any program order).  A
+negative -> ``flag[2]``; unsigned INT with a negative input -> ``flag[3]``; INT4 group-wise with a
+NaN or inf input -> ``flag[4]`` (formats without amax check no amax).  Each flag is a plain store of 1 (idempotent: no atomics, any program order).  A
 checked launch also writes the canonical NaN wherever a bad value acts: all of an expert (or row,
-per channel) whose amax is bad, a negative element of an unsigned INT input, an NVFP4 block
-holding a NaN.  With checks off the defined results are: unsigned negative input -> -0; NVFP4
-block holding a NaN, INT4 group holding a NaN or inf -> every element of the block is the
-canonical NaN; bad amax -> whatever the arithmetic gives (not an error).  MX and FP8 block-wise take
+per channel) whose amax is bad, a negative element of an unsigned INT input.  With checks off the
+defined results are: unsigned negative input -> -0; INT4 group holding a NaN or inf -> every element
+of the block is the canonical NaN; bad amax -> whatever the arithmetic gives (not an error).  NVFP4
+takes NaN input as its ``te`` reference does (no check): a block holding one is all NaN.  MX and FP8 block-wise take
 NaN and inf input as the reference does (no check): an MX block holding one is all NaN (scale code
 255); an FP8 block-wise tile holding inf and no NaN is all NaN (``0 * inf``); one holding NaN is
 all NaN with ``fp32_scale``, and with pow2 scales gets ``s = 2**-1``: its finite elements are
@@ -77,6 +76,7 @@ from .formats import (
     FMT_NVFP4,
     FP32_MAX,
     IO_BF16,
+    IO_FP16,
     IO_FP32,
     NVFP4_GLOBAL_SCALE_NUM,
     TINY_AMAX,
@@ -112,12 +112,16 @@ _FMT_MXFP4 = tl.constexpr(FMT_MXFP4)
 _FROM_DATA = tl.constexpr(FIRST_FROM_DATA)
 _E2M1_MAX = tl.constexpr(E2M1_MAX)
 _IO_BF16 = tl.constexpr(IO_BF16)
+_IO_FP16 = tl.constexpr(IO_FP16)
 _IO_FP32 = tl.constexpr(IO_FP32)
 _TINY = tl.constexpr(TINY_AMAX)
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 _GSCALE = tl.constexpr(NVFP4_GLOBAL_SCALE_NUM)
 _FMAX = tl.constexpr(FP32_MAX)
 _SIXTH = tl.constexpr(0.1666666716337204)  # RN_fp32(1/6) = 0x3E2AAAAB, what torch.reciprocal(6.0) gives
+_BF16_MAX = tl.constexpr(3.3895313892515355e38)  # 0x7F7F, torch.finfo(torch.bfloat16).max
+_FP16_MAX = tl.constexpr(65504.0)
+_INV_GSCALE = tl.constexpr(3.7202381645329297e-04)  # RN_fp32(1/2688) = 0x39C30C31, TE's factor_inv
 _TWO126 = tl.constexpr(8.507059173023462e37)  # 2**126: 1/ge is normal up to here
 
 
@@ -214,9 +218,9 @@ def _fp8_magnitude(xs, inv, HW_E4M3: tl.constexpr):
 @triton.jit
 def _nvfp4_scales(g, INT_DIV: tl.constexpr):
     """NVFP4 "te" steps 1-3: ``ge = min(RN(2688/g), FP32_MAX)`` (1 if 0), ``gd = RN(1/ge)``,
-    ``mult = RN(ge * RN(1/6))``.  ``g = -0.0`` is taken as ``+0.0`` (the reference drops the sign of
-    a zero amax, ``reference/granularity.py``); ``2688 / -0.0 = -inf`` would otherwise make every
-    output NaN."""
+    ``mult = RN(ge * RN(1/6))``; the amax ``g`` (as step 9 takes it) comes back as well.  ``g = -0.0``
+    is taken as ``+0.0`` (the reference drops the sign of a zero amax, ``reference/granularity.py``);
+    ``2688 / -0.0 = -inf`` would otherwise make every output NaN."""
     g = tl.where(g == 0.0, 0.0, g)
     ge = div_rn_normal(tl.zeros_like(g) + _GSCALE, g, INT_DIV)  # g = 0 or subnormal: +inf either way
     ge = tl.where(ge > _FMAX, _FMAX, ge)
@@ -227,7 +231,7 @@ def _nvfp4_scales(g, INT_DIV: tl.constexpr):
         gd = div_rn_pos(tl.zeros_like(ge) + 1.0, ge)
     else:  # ge in [1, 2**126] (or NaN): normal quotient
         gd = tl.math.div_rn(tl.zeros_like(ge) + 1.0, ge)
-    return gd, ge * _SIXTH
+    return g, gd, ge * _SIXTH
 
 
 @triton.jit
@@ -246,14 +250,17 @@ def _recip(d, BLOCK_RECIP_INT: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_magnitude(ax, vmax, gd, mult, BLOCK_RECIP_INT: tl.constexpr, HW_E4M3: tl.constexpr):
-    """NVFP4 "te" steps 5-9 on a ``[BR, NB, 16]`` tile (zero-padded short blocks), as magnitudes,
-    given the block max ``vmax`` ``[BR, NB, 1]``: ds8 = e4m3(RN(vmax*mult));
-    es = min(RN(1/RN(ds8*gd)), FP32_MAX); q = e2m1(min(RN(|x|*es), 6)); y = RN(RN(q*ds8)*gd)."""
+def _nvfp4_magnitude(ax, vmax, g, gd, mult, BLOCK_RECIP_INT: tl.constexpr, HW_E4M3: tl.constexpr):
+    """NVFP4 "te" steps 5-10 on a ``[BR, NB, 16]`` tile (zero-padded short blocks), as magnitudes,
+    given the block max ``vmax`` ``[BR, NB, 1]`` and the global amax ``g``: ds8 = e4m3(RN(vmax*mult));
+    es = min(RN(1/RN(ds8*gd)), FP32_MAX); v = RN(|x|*es); q = e2m1(min(v, 6));
+    y = RN(q * RN(RN(ds8*g) * RN(1/2688))) (TE's C++ dequantize).  Returns ``(y, v == 0)``: where the
+    scaled value is zero the output is ``+0`` whatever the input's sign."""
     ds8 = round_sat_e4m3(vmax * mult, HW_E4M3)  # a NaN block: NaN (hardware) or 448; the caller writes NaN
     es = tl.minimum(_recip(ds8 * gd, BLOCK_RECIP_INT), _FMAX)
-    q = round_mag_e2m1(tl.minimum(ax * es, 6.0))
-    return (q * ds8) * gd
+    v = ax * es
+    q = round_mag_e2m1(tl.minimum(v, 6.0))
+    return q * ((ds8 * g) * _INV_GSCALE), v == 0.0
 
 
 @triton.jit
@@ -271,10 +278,11 @@ def _int4g_magnitude(x, A, bad, LO: tl.constexpr, QMAX: tl.constexpr, EXACT_FMA:
 
 
 @triton.jit
-def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr, EXACT_FMA: tl.constexpr):
+def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr, EXACT_FMA: tl.constexpr, IO: tl.constexpr):
     """FP8 block-wise "te" steps 2-6 of block amax ``A``: ``(s, inv)``.
 
-    ``s = RN(448/A)`` (``A = 0`` -> inf, inf -> 0, NaN -> NaN), ``FP32_MAX`` where inf.  pow2 (default):
+    ``s = RN(448/A)`` (``A = 0`` -> inf, inf -> 0, NaN -> NaN), the input dtype's largest value where
+    inf (bf16 ``0x7F7F``, fp16 65504, fp32 ``FP32_MAX``; only ``0 < A < 448 / max`` reach it).  pow2 (default):
     ``s`` is cut to the power of two at or below it (its exponent bits; ``s`` is normal or 0 here),
     NaN -> ``2**-1``, ``A = 0`` -> 1, and ``inv = 2**-k`` is written from the bits (exact, ``2**-127``
     subnormal for ``s = 2**127``, inf for ``s = 0``).  ``FP32_SCALE``: ``s`` unchanged (1 where
@@ -282,7 +290,7 @@ def _fp8b_scales(A, FP32_SCALE: tl.constexpr, INT_DIV: tl.constexpr, EXACT_FMA: 
     quotient normal, so a flush-to-zero division agrees), ``tl_rounding.recip_subnormal`` for a
     larger ``s`` (its quotient subnormal), the integer division (``div_rn_pos``) with ``INT_DIV``."""
     s = div_rn_normal(tl.zeros_like(A) + _E4M3_MAX, A, INT_DIV)  # A >= 2**-126 or the quotient overflows
-    s = tl.where(s > _FMAX, _FMAX, s)
+    s = tl.where(s > _FMAX, _BF16_MAX if IO == _IO_BF16 else (_FP16_MAX if IO == _IO_FP16 else _FMAX), s)
     if FP32_SCALE:
         s = tl.where(A == 0.0, 1.0, s)
         if INT_DIV:
@@ -345,7 +353,7 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
     if FMT == _FMT_INT4G:
         bad = bmax >= INF_BITS  # NaN or inf in the block: no INT scale (the reference raises)
         if CHECK:
-            _flag_each(flag_ptr, 5, bad)
+            _flag_each(flag_ptr, 4, bad)
         y, zero = _int4g_magnitude(x, A, bad, LO, QMAX, EXACT_FMA, INT_DIV)
         smask = tl.where(zero, tl.zeros_like(sign_all), sign_all)
         return out_bits(y, x, bits, smask, bad, nan_all, IO, HW_BF16, True, WORDS)
@@ -359,26 +367,26 @@ def _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT: tl.con
         y = round_mag_e2m1(tl.minimum(v, _E2M1_MAX, propagate_nan=tl.PropagateNan.ALL)) * dec  # NaN exactly where v is
         return out_bits(y, x, bits, sign_all, v != v, nan_all, IO, HW_BF16, True, WORDS)
     else:
-        s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV, EXACT_FMA)
+        s, inv = _fp8b_scales(A, FMT == _FMT_FP8B_FP32S, INT_DIV, EXACT_FMA, IO)
         v = ax * s
         y = round_sat_e4m3(v, HW_E4M3) * inv  # 0 * inf (a block holding inf) is NaN
         return out_bits(y, x, bits, sign_all, (v != v) | (y != y), nan_all, IO, HW_BF16, HW_E4M3, WORDS)
 
 
 @triton.jit
-def _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
+def _nvfp4_tile(bits, x, mag, bmax, g, gd, mult, bad, sign_all, nan_all, IO: tl.constexpr, CHECK: tl.constexpr,
                 HW_BF16: tl.constexpr, HW_E4M3: tl.constexpr, BLOCK_RECIP_INT: tl.constexpr, WORDS: tl.constexpr = False):
     """NVFP4 output bits of a tile of input ``bits`` (fp32 ``x``, ``magnitude_bits`` ``mag``) given
-    ``bmax``, its block max of ``mag`` (keep_dims; step 4, exact): a block holding a NaN is all NaN (flagged when
-    ``CHECK``, and so is every block of an expert whose amax is ``bad``; its ``gd`` is then NaN).
-    With the hardware E4M3 rounding the magnitude is NaN exactly there (``ds8`` is NaN for a NaN
-    block max, finite otherwise, and ``q * ds8 * gd`` carries either NaN), so no select is needed."""
+    ``bmax``, its block max of ``mag`` (keep_dims; step 4, exact): a block holding a NaN is all NaN
+    (as the reference's; with ``CHECK`` so is every block of an expert whose amax is ``bad``), and the
+    sign is dropped where the scaled value is zero."""
     block_nan = bmax > INF_BITS
-    y = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), gd, mult, BLOCK_RECIP_INT, HW_E4M3)
+    y, vzero = _nvfp4_magnitude(mag.to(tl.float32, bitcast=True), bmax.to(tl.float32, bitcast=True), g, gd, mult, BLOCK_RECIP_INT, HW_E4M3)
     if CHECK:
-        _flag_each(flag_ptr, 4, block_nan)
         block_nan = tl.where(bad, True, block_nan)  # per block
-    return out_bits(y, x, bits, sign_all, block_nan, nan_all, IO, HW_BF16, HW_E4M3, WORDS)
+    smask = tl.where(vzero, tl.zeros_like(sign_all), sign_all)
+    # NaN also where step 9's scale overflows (ds8 * g = inf: 0 * inf); the hardware path's y carries every NaN
+    return out_bits(y, x, bits, smask, block_nan | (y != y), nan_all, IO, HW_BF16, HW_E4M3, WORDS)
 
 
 @triton.jit
@@ -485,10 +493,11 @@ def fake_quant_fwd_kernel(
             if not PER_CHANNEL:
                 a = tl.load(amax_ptr + e * amax_se)
         if FMT == _FMT_NVFP4:
-            gd, mult = _nvfp4_scales(a, INT_DIV)
+            g, gd, mult = _nvfp4_scales(a, INT_DIV)
             bad = _bad_amax(a)  # used only when CHECK
-            if CHECK:
+            if CHECK:  # every output of the expert NaN: both the scales of steps 2-8 and the amax of step 9
                 gd = tl.where(bad, float("nan"), gd)
+                g = tl.where(bad, float("nan"), g)
         elif FMT == _FMT_INT:
             if not PER_CHANNEL:
                 s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)
@@ -540,7 +549,7 @@ def fake_quant_fwd_kernel(
                         x = bits_to_f32(bits, IO)
                         mag = magnitude_bits(x)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT,
+                        out = _nvfp4_tile(bits, x, mag, bmax, g, gd, mult, bad, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT,
                                           PAIRS)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
@@ -575,7 +584,7 @@ def fake_quant_fwd_kernel(
                         bmax = tl.max(bmax, axis=1 if TIES_LOW else 0, keep_dims=True)
                     bmax = tl.max(bmax, axis=2, keep_dims=True)
                     if FMT == _FMT_NVFP4:
-                        out = _nvfp4_tile(bits, x, mag, bmax, gd, mult, bad, flag_ptr, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
+                        out = _nvfp4_tile(bits, x, mag, bmax, g, gd, mult, bad, sign_all, nan_all, IO, CHECK, HW_BF16, HW_E4M3, BLOCK_RECIP_INT)
                     else:
                         out = _from_data_tile(bits, x, mag, bmax, flag_ptr, sign_all, nan_all, FMT, LO, QMAX, IO, CHECK, EXACT_FMA, HW_BF16,
                                               HW_E4M3, INT_DIV)

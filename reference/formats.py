@@ -199,7 +199,9 @@ class FormatSpec:
     tiles: Optional[TileScaling] = None
     global_scale_numerator: Optional[float] = None
     """``c`` of the global encode scale for block formats (NVFP4: ``448 * 6``)."""
-    rejects_nan: bool = False
+    rejects_nan: Union[bool, frozenset[str]] = False
+    """NaN input raises ``ValueError``: ``True`` for every variant, or the set of variants that reject it
+    (``rejects_nan_for``)."""
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -218,6 +220,8 @@ class FormatSpec:
         for o in self.options:
             if o.variants is not None and not o.variants <= set(self.variants):
                 problems.append(f"option {o.name} names unknown variants {sorted(o.variants - set(self.variants))}")
+        if isinstance(self.rejects_nan, frozenset) and not self.rejects_nan <= set(self.variants):
+            problems.append(f"rejects_nan names unknown variants {sorted(self.rejects_nan - set(self.variants))}")
         if (self.block is None) != (self.global_scale_numerator is None):
             problems.append("a block format needs global_scale_numerator, and only a block format has one")
         if problems:
@@ -264,6 +268,17 @@ class FormatSpec:
             why = self.option(key).problem(value)
             if why:
                 raise TypeError(f"{self.name} option {why}")
+
+    def rejects_nan_for(self, variant: Optional[str] = None) -> bool:
+        """Whether ``variant`` (default: the default variant) rejects NaN input."""
+        if isinstance(self.rejects_nan, frozenset):
+            return self.resolve_variant(variant) in self.rejects_nan
+        return bool(self.rejects_nan)
+
+    @property
+    def rejects_nan_any(self) -> bool:
+        """Some variant rejects NaN input."""
+        return bool(self.rejects_nan)
 
     def rejects_negative(self, options: Mapping[str, object]) -> bool:
         """Whether ``options`` make negative input an error (INT ``unsigned=True``)."""
@@ -429,13 +444,13 @@ register_format(FormatSpec(
     options=(
         Option("block_size", int, "elements per block along the last dim", code="bs", minimum=1, fuzz_values=(8, 32)),
         Option("block_amax", torch.Tensor, "per-block amax x.shape[:-1] + (n_blocks,)", variants=frozenset({"modelopt_static"})),
-        replace(_TILE_2D, variants=frozenset({"te", "te_qdq"})),
+        replace(_TILE_2D, variants=frozenset({"te"})),
     ),
     amax_granularities=frozenset({"per_tensor", "per_expert"}),
     block=BlockScaling(NVFP4_BLOCK, E4M3_GRID),
     tiles=TileScaling(NVFP4_BLOCK, NVFP4_BLOCK, "e4m3", size_option="block_size"),
     global_scale_numerator=NVFP4_GLOBAL_SCALE_NUM,
-    rejects_nan=True,
+    rejects_nan=frozenset({"modelopt_static"}),
     doc="NVFP4: E2M1 elements, E4M3 block scales, fp32 global scale (reference.nvfp4)",
 ))
 register_format(FormatSpec(
@@ -444,19 +459,23 @@ register_format(FormatSpec(
     doc="MXFP8: E4M3 elements, one E8M0 scale per 32 along in-features or per 32x32 tile (reference.mx)",
 ))
 register_format(FormatSpec(
-    "mxfp4", E2M1_GRID, mx.MXFP4_VARIANTS, mx.DEFAULT_VARIANT, options=(_TILE_2D,),
+    "mxfp4", E2M1_GRID, mx.MXFP4_VARIANTS, mx.DEFAULT_VARIANT,
+    options=(replace(_TILE_2D, variants=frozenset(mx.MXFP4_VARIANTS) - mx.VARIANTS_1D_ONLY["e2m1"]),),
     amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(MX_BLOCK, MX_BLOCK, "e8m0"),
     doc="MXFP4: E2M1 elements, one E8M0 scale per 32 along in-features or per 32x32 tile (reference.mx)",
 ))
 register_format(FormatSpec(
     "fp8_block", E4M3_GRID, fp8_block.VARIANTS, fp8_block.DEFAULT_VARIANT,
-    options=(_TILE_2D, Option("fp32_scale", bool, "fp32 tile scales instead of powers of two", variants=frozenset({"te"}), code="fp32s")),
+    options=(replace(_TILE_2D, variants=fp8_block.VARIANTS_2D),
+             Option("fp32_scale", bool, "fp32 tile scales instead of powers of two", code="fp32s")),
     amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(FP8_BLOCK, FP8_BLOCK, "fp32 or pow2"),
     doc="FP8 E4M3 block-wise: one scale per 1x128 block or 128x128 tile (reference.fp8_block)",
 ))
 register_format(FormatSpec(
     "int4_group", IntGrid(4), int_group.VARIANTS, int_group.DEFAULT_VARIANT,
-    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(INT4_GROUP, None, "fp32 (7/amax)"), rejects_nan=True,
-    doc="INT4 group-wise: one scale per 128 along in-features from the block amax (reference.int_group)",
+    options=(Option("group_size", int, "elements per group along in-features", code="gs", minimum=1, fuzz_values=(32, 64)),),
+    amax_granularities=frozenset({FROM_DATA}), tiles=TileScaling(INT4_GROUP, None, "fp32 (7/amax)", size_option="group_size"),
+    rejects_nan=int_group.FINITE_ONLY,
+    doc="INT4 group-wise: one scale per group (128 by default) along in-features from the group amax (reference.int_group)",
 ))
 _BUILTIN.update(_REGISTRY)

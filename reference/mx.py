@@ -11,7 +11,8 @@ Numeric contract
   of 32) is zero-padded, i.e. a short block: what Model-Optimizer does (``reduce_block_padding`` in
   ``qtensor/mxfp8_tensor.py``); torchao's ``to_mx`` refuses a last dim that is not a multiple of 32
   (``prototype/mx_formats/mx_tensor.py``), so such cases are outside torchao's domain.
-* Block amax ``A = max |x|`` over the block, exact, NaN-propagating (``torch.amax``).
+* Block amax ``A = max |x|`` over the block, exact, NaN-propagating (``torch.amax``); MXFP8 ``te``
+  skips NaN elements (below).
 * E8M0 scale code ``c`` (uint8): decodes to ``2**(c - 127)``; code 0 is ``2**-127`` (an fp32
   subnormal, not zero) and code 255 is NaN (``e8m0_decode``).  Which ``c`` a block gets is the
   variant (below); ``emax`` is the element format's largest exponent (E4M3 8, E2M1 2) and ``max`` its
@@ -21,9 +22,8 @@ Numeric contract
       1. A   = max |x| over the block
       2. c   = code(A)                        the variant's rule (below)
       3. inv = 2**(127 - c)                   exact (c = 254 -> 2**-127 subnormal, c = 0 -> 2**127);
-                                              c = 255 -> NaN;  c = 0 -> 1 for te and torchao_rceil
-                                              (TE's exp2f_rcp), 2**126 for torchao_floor/ceil/even
-                                              (``CODE0_INVERSE``)
+                                              c = 255 -> NaN;  c = 0 -> 1 for torchao_rceil, 2**126
+                                              for torchao_floor/ceil/even (``CODE0_INVERSE``)
       4. v   = RN(x * inv)                    exact except fp32 underflow of subnormal results
       5. q   = elem(v)                        E4M3 / E2M1, round to nearest even, saturating (±inf -> ±max),
                                               NaN stays NaN, signed zeros kept (MXFP4 modelopt: its own
@@ -48,14 +48,25 @@ Variants (the scale code rule, each naming the upstream it models):
 * ``rceil`` (torchao ``RCEIL``, the cuBLAS rule): ``d = RN(A * RN(1/max))``, ``c`` = the biased
   exponent of ``d`` plus 1 when its mantissa is not 0 (an fp32 subnormal ``d``: plus 1 only above
   ``2**-127``); non-finite ``d`` -> 255.
-* ``te`` (Transformer Engine ``common/util/ptx_arch_spec.cuh`` / ``utils.cuh`` ``float_to_e8m0`` of
-  ``amax * max_norm_rcp``, ``exp2f_rcp``): ``d = RN(A * RN(1/max))``; NaN -> 255, inf -> 254, 0 -> 0;
-  else the biased exponent of ``d``, plus 1 when the mantissa is not 0, except at exponent 254
-  (saturates at 254) and for a subnormal ``d <= 2**-127``.  Step 3 uses 1 for code 0.  TE's dequant
-  helper ``exp2f(c)`` builds ``2**(c-127)`` from bits and so gives 0 for code 0; this reference
-  decodes code 0 as ``2**-127``: the outputs are the same (code 0 means ``A <= max * 2**-127``, whose
-  elements round to ±0 at step 5 with ``inv = 1``).  A NaN block: TE's multipliers for code 255 are
-  not a decode of the spec; this reference gives the spec's NaN block.
+* ``te``, MXFP8 (Transformer Engine ``common/util/ptx_arch_spec.cuh`` ``float_to_e8m0`` of
+  ``amax * max_norm_rcp``, ``common/util/ptx.cuh`` ``exp2f_rcp`` and ``exp2f``; the host reference
+  ``tests/cpp/test_common.h`` and ``tests/cpp/operator/test_cast_mxfp8.cu`` ``compute_ref``, which
+  TE's kernels are tested against bit for bit): the block amax *skips NaN* (``std::max(amax, |x|)``
+  from 0, the kernels' ``max.xorsign.abs``), so a NaN element leaves its block's scale to the other
+  elements and stays NaN itself (an all-NaN block has amax 0); ``d = RN(A * RN(1/max))``; inf -> 254,
+  0 -> 0; else the biased exponent of ``d``, plus 1 when the mantissa is not 0, except at exponent
+  254 (saturates at 254) and for a subnormal ``d <= 2**-127``.  Step 3 is ``exp2f_rcp``: ``2**(127 -
+  c)``, code 0 included (``2**127``; TE before February 2026 used 1 there), and step 6 ``exp2f``,
+  ``2**-127`` for code 0 (TE since PR 3262; before it, 0).  Tiles ``32 x 32`` with ``tile_2d``
+  (TE's MXFP8 2D weights, ``tests/pytorch/test_mxfp8_2d_quantize.py``).
+* ``te``, MXFP4: Transformer Engine has no MXFP4 kernel (its FP4 cast refuses power-of-two scales);
+  its MXFP4 rule is the pure-torch reference ``pytorch/custom_recipes/reference_nvfp4.py``
+  ``NVFP4QuantizerRef(pow_2_scales=True, quant_tile_shape=(1, 32))`` (1 x 32 only, no ``tile_2d``):
+  ``A = torch.amax`` (NaN-propagating), ``d = RN(A / 6)`` (division), ``c = clamp(ceil(log2 d), -127,
+  127) + 127`` (``cast_to_e8``; ``log2`` correctly rounded as for ``modelopt``; ``d = 0`` -> 0, inf ->
+  254), a NaN ``A`` gives a NaN scale (code 255 here); step 3 ``RN(1 / 2**(c-127))`` (code 0:
+  ``2**127``); step 5 its ``cast_to_fp4x2``: nearest, ties to even, saturating, ``v = -0.0`` and
+  NaN coded as ``+0`` (``round_to_e2m1_te``); step 6 ``q * 2**(c-127)``, as its GEMM applies the scale.
 * ``modelopt`` (Model-Optimizer 0.47.0 ``qtensor/mxfp8_tensor.py`` ``_compute_e8m0_exponent``):
   ``d = RN(A / max)`` (IEEE division), ``c = clamp(ceil(log2 d), -127, 127) + 127`` where ``d > 0``,
   else ``c = 0`` (zero and NaN ``A``: a NaN block gets code 0, so its finite elements saturate to
@@ -111,6 +122,7 @@ not NaN (each element lies within its own block's amax) and gives ``+0`` for NaN
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -118,7 +130,7 @@ import torch
 from .constants import E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_NAN, MX_BLOCK
 from .granularity import FROM_DATA, from_tiles, to_tiles
 from .result import FakeQuantResult
-from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
+from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e2m1_te, round_to_e4m3, to_output_dtype
 
 _MANT = 0x7FFFFF
 
@@ -235,7 +247,7 @@ CODE_RULES: dict[str, Callable[..., torch.Tensor]] = {
 """Variant -> ``code(A, emax, mbits, max)``: int32 E8M0 codes of fp32 block amax ``A``."""
 
 CODE0_INVERSE: dict[str, float] = {
-    "te": 1.0, "torchao_rceil": 1.0, **{f"torchao_{m}": 2.0**126 for m in ("floor", "ceil", "even")},
+    "torchao_rceil": 1.0, **{f"torchao_{m}": 2.0**126 for m in ("floor", "ceil", "even")},
 }
 """Variant -> the multiplier step 3 uses for code 0 where it is not ``2**127`` (module docstring)."""
 
@@ -273,11 +285,42 @@ def mx_tile(tile_2d: bool) -> tuple[int, int]:
     return (MX_BLOCK, MX_BLOCK) if tile_2d else (1, MX_BLOCK)
 
 
+@dataclass(frozen=True)
+class MxRule:
+    """One variant's steps for one element format: the E8M0 code of the block amax (``code``), whether
+    the amax skips NaN elements (``skip_nan``), step 3's variant key for ``mx_inverse`` and step 5's
+    element rounding."""
+
+    code: Callable[..., torch.Tensor]
+    skip_nan: bool
+    inverse: str
+    elem_round: Callable[[torch.Tensor], torch.Tensor]
+
+
+def mx_rule(variant: str, elem: str) -> MxRule:
+    """The steps of ``variant`` for element format ``elem`` (the module docstring)."""
+    _, _, _, elem_round = ELEMENTS[elem]
+    if variant == "te" and elem == "e2m1":  # TE's pure-torch MXFP4 reference, not its C++ MX rule
+        return MxRule(code_torchao_rceil, False, "te_e2m1", round_to_e2m1_te)
+    if variant == "modelopt" and elem == "e2m1":
+        return MxRule(CODE_RULES[variant], False, variant, round_to_e2m1_modelopt)
+    return MxRule(CODE_RULES[variant], variant == "te", variant, elem_round)
+
+
+def block_amax(xt: torch.Tensor, skip_nan: bool = False) -> torch.Tensor:
+    """Step 1: ``max |x|`` over the last dim of tiles ``xt`` (keepdim), NaN-propagating or NaN-skipping."""
+    mag = xt.abs()
+    if skip_nan:
+        mag = torch.where(torch.isnan(mag), torch.zeros((), device=mag.device), mag)
+    return mag.amax(dim=-1, keepdim=True)
+
+
 def mx_codes(x: torch.Tensor, variant: str, elem: str, *, tile_2d: bool = False) -> torch.Tensor:
     """The E8M0 codes (int32) of ``x``'s blocks, ``[..., ceil(out/r), ceil(in/32)]``."""
     emax, mbits, emx, _ = ELEMENTS[elem]
-    a = to_tiles(x.to(torch.float32), mx_tile(tile_2d)).abs().amax(dim=-1)
-    return CODE_RULES[variant](a, emax, mbits, emx)
+    rule = mx_rule(variant, elem)
+    a = block_amax(to_tiles(x.to(torch.float32), mx_tile(tile_2d)), rule.skip_nan).squeeze(-1)
+    return rule.code(a, emax, mbits, emx)
 
 
 def _check_amax(amax: object, name: str) -> None:
@@ -289,18 +332,17 @@ def mx_fake_quant(x: torch.Tensor, amax: None, *, variant: str, elem: str, tile_
     """Steps 1-7 of the module docstring for ``variant`` and element format ``elem``."""
     _check_amax(amax, f"mx{'fp8' if elem == 'e4m3' else 'fp4'}")
     tile = mx_tile(tile_2d)
-    _, _, _, elem_round = ELEMENTS[elem]
+    rule = mx_rule(variant, elem)
     xt = to_tiles(x.to(torch.float32), tile)
     emax, mbits, emx, _ = ELEMENTS[elem]
-    a = xt.abs().amax(dim=-1, keepdim=True)
-    code = CODE_RULES[variant](a, emax, mbits, emx)
-    v = xt * mx_inverse(code, variant)
+    a = block_amax(xt, rule.skip_nan)
+    code = rule.code(a, emax, mbits, emx)
+    v = xt * mx_inverse(code, rule.inverse)
     if variant == "modelopt" and elem == "e2m1":
-        elem_round = round_to_e2m1_modelopt
         v = torch.where(torch.isfinite(a), v, torch.full((), float("nan"), device=v.device))
-    y = elem_round(v) * e8m0_decode(code)
+    y = rule.elem_round(v) * e8m0_decode(code)
     shape = tuple(x.shape)
-    return FakeQuantResult(to_output_dtype(from_tiles(y, tile, shape), x.dtype), from_tiles(v, tile, shape), elem_round)
+    return FakeQuantResult(to_output_dtype(from_tiles(y, tile, shape), x.dtype), from_tiles(v, tile, shape), rule.elem_round)
 
 
 def _variant(variant: str, elem: str):
@@ -311,6 +353,9 @@ def _variant(variant: str, elem: str):
     fn.__doc__ = f"MX {elem} elements, E8M0 scale rule {variant!r} (see the module docstring)."
     return fn
 
+
+VARIANTS_1D_ONLY = {"e2m1": frozenset({"te"})}
+"""Element format -> the variants whose upstream has no square tiles (TE's MXFP4 reference: 1 x 32 only)."""
 
 MXFP8_VARIANTS = {v: _variant(v, "e4m3") for v in CODE_RULES}
 MXFP4_VARIANTS = {v: _variant(v, "e2m1") for v in CODE_RULES}

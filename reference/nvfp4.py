@@ -2,8 +2,8 @@
 
 Numeric contract
 ================
-* Input ``x``: bf16 (primary), fp16 or fp32 ``[..., out, in]``; NaN input raises ``ValueError``
-  (the block scale of a NaN block is undefined in every production implementation).
+* Input ``x``: bf16 (primary), fp16 or fp32 ``[..., out, in]``.  NaN input: ``te`` and ``torchao``
+  take it as their upstreams do (below); ``modelopt_static`` raises ``ValueError``.
 * ``amax``: the *global* amax, per tensor or per expert (``[N]`` for ``[N, out, in]``), fp32,
   finite, >= 0.  Per-channel global amax is not a format NVFP4 has: ``ValueError`` (the
   registry's ``amax_granularities``, checked by ``reference.api``).
@@ -11,7 +11,7 @@ Numeric contract
   dim is not a multiple of the block size, the last block of each row is *shorter*: it is
   quantized as if zero-padded to a full block (Transformer Engine pads with zeros), and the
   padding is dropped.  Zeros never raise a block max, so this equals a short block.
-* ``tile_2d=True`` (variants ``te`` and ``te_qdq``): the block is a ``block_size x block_size`` tile of the last
+* ``tile_2d=True`` (variant ``te``): the block is a ``block_size x block_size`` tile of the last
   two dims (16x16: Transformer Engine ``NVFP4BlockScaling``'s weight recipe, 2D block scales, no
   random Hadamard transform); ``vmax`` (step 4) is the tile's max, partial tiles are zero-padded in
   both dims.  Every other step is unchanged.
@@ -19,43 +19,33 @@ Numeric contract
 * E4M3 block-scale rounding (``round_to_e4m3``): nearest, ties to even, saturating at 448.
 * Output dtype = input dtype (RNE from fp32).
 
-Default variant ``te`` (Transformer Engine ``custom_recipes/reference_nvfp4.py``, 1x16 tiles, no RHT)::
+Default variant ``te``: Transformer Engine's NVFP4 as its user gets it, quantized by the pure-torch
+reference ``custom_recipes/reference_nvfp4.py`` (``NVFP4QuantizerRef._quantize_blockwise_reference``,
+1x16 tiles, no RHT; the spec TE's kernels are tested against bit for bit) with the global amax ``g``
+given, and dequantized by TE's only NVFP4 dequantize, the C++ kernel
+``common/cast/nvfp4/dequantize_nvfp4.cuh`` (``final_scale = scale * amax * factor_inv``, ``factor_inv
+= 1 / (6 * 448)``; the host reference of ``tests/cpp/operator/test_dequantize_nvfp4.cu``)::
 
     1. ge   = RN(2688 / g);  ge = min(ge, FP32_MAX);  ge = 1 where ge == 0
     2. gd   = RN(1 / ge)
     3. mult = RN(ge * RN(1 / 6))            TE folds 1/6 into the multiplier "to match the kernel"
-    4. vmax = max |x| over the block        exact
-    5. ds8  = e4m3(RN(vmax * mult))         saturating (inf -> 448)
+    4. vmax = max |x| over the block        exact, NaN-propagating (``torch.amax``)
+    5. ds8  = e4m3(RN(vmax * mult))         saturating (inf -> 448); NaN stays NaN
     6. es   = min(RN(1 / RN(ds8 * gd)), FP32_MAX)     (ds8 == 0 -> FP32_MAX)
     7. v    = RN(x * es)
-    8. q    = e2m1(v)                       signed zeros kept: v = -0.0 gives -0.0 (see below)
-    9. y    = RN(RN(q * ds8) * gd)          dequantization order chosen here (see below)
-    10. out = RNE_dtype(y)
+    8. q    = e2m1(v)                       ``cast_to_fp4x2``: ``v = -0.0`` and NaN coded ``+0``
+                                            (``round_to_e2m1_te``); ``v`` in (-0.25, 0) is ``-0``
+    9. fs   = RN(RN(ds8 * g) * RN(1 / 2688))        RN(1/2688) = 3.7202382e-04 (0x39C30C31)
+    10. y   = RN(q * fs);  out = RNE_dtype(y)
 
-Signed zero: TE's Python reference (``cast_to_fp4x2``) codes a scaled value of exactly ``-0.0``
-as the E2M1 code of ``+0`` (its first test is ``x >= 0.0``), while ``v`` in ``(-0.25, 0)`` gets
-code 8 (``-0``).  This reference keeps ``-0.0`` (sign-preserving, like every other format here and
-like a hardware ``cvt`` to E2M1); the two differ only in the sign of a zero output, and only where
-``v == -0.0``: input ``-0.0``, or a negative ``x`` whose ``x * es`` underflows.
-
-Variant ``te_qdq`` (what a Transformer Engine user gets from ``NVFP4Quantizer(x).dequantize()``):
-TE's quantize (steps 1-8 above) followed by TE's only NVFP4 dequantize, the C++ kernel
-``common/cast/nvfp4/dequantize_nvfp4.cuh`` (``final_scale = scale * amax * factor_inv`` with
-``factor_inv = 1 / (6 * 448)``; pinned by TE's ``tests/cpp/operator/test_dequantize_nvfp4.cu``).
-It rebuilds the block's decode scale from the global *amax* ``g`` instead of the decode scale ``gd``::
-
-    9'.  fs  = RN(RN(ds8 * g) * RN(1 / 2688))     RN(1/2688) = 3.7202382e-04 (0x39C30C31)
-    10'. y   = RN(q * fs);  out = RNE_dtype(y)
-
-Both orders have three fp32 roundings before the cast and round differently in general: on the
-``te_dequant`` case of ``harness.sections.external.match_cases`` (327,712 calibrated bf16 elements)
-``te`` and ``te_qdq`` differ on 1,062 bf16 outputs (exact results that are bf16 ties: ``te_qdq``
-reaches them exactly and rounds to even, ``te`` lands an fp32 ulp off; e.g. global amax 18.375,
-block ``[2.625, 9.875, 0...]``: exact 2.4609375 and 9.84375, ``te_qdq`` 2.46875 and 9.875, ``te``
-2.453125 and 9.8125) and on 96,083 fp32 outputs.  ``g = 0`` gives ``fs = 0``: every output is a zero
-of its code's sign.  ``te`` keeps ``RN(RN(q * ds8) * gd)``, the order TE's reference recipe implies
-(its GEMM multiplies ``q * ds8`` and then the global decode scale).  The sign-of-zero note above
-holds for both.
+A block holding NaN has ``ds8 = NaN``, so ``fs = NaN`` and the whole block is NaN.  ``g = 0`` gives
+``fs = 0``: every output is a zero of its code's sign.  The order ``RN(RN(q * ds8) * gd)`` (a GEMM
+applying the block scale, then the global decode scale) rounds differently: on the ``te_dequant``
+case of ``harness.sections.external.match_cases`` (327,712 calibrated bf16 elements) it differs from
+steps 9-10 on 1,062 bf16 outputs (exact results that are bf16 ties: steps 9-10 reach them exactly
+and round to even, the other order lands an fp32 ulp off; e.g. global amax 18.375, block ``[2.625,
+9.875, 0...]``: exact 2.4609375 and 9.84375, TE 2.46875 and 9.875, the other order 2.453125 and
+9.8125) and on 96,083 fp32 outputs.
 
 Variant ``modelopt_static`` (Model-Optimizer 0.47.0 ``static_blockwise_fp4_fake_quant`` on CUDA with
 ``quantize_block_scales=True``, read from ``tensor_quant.py`` (``StaticBlockwiseFP4FakeQuantFunction``),
@@ -128,7 +118,7 @@ from .constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_NORMAL_EXP, FP32_MAX, NVFP4_
 from .fp8_e4m3 import cuda_core
 from .granularity import broadcast_amax, check_amax_values, from_tiles, to_tiles
 from .result import FakeQuantResult
-from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, to_output_dtype
+from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e2m1_te, round_to_e4m3, to_output_dtype
 
 
 E4M3_MIN_NORMAL = 2.0**E4M3_MIN_NORMAL_EXP
@@ -157,11 +147,11 @@ def block_amax(x: torch.Tensor, block_size: int = NVFP4_BLOCK) -> torch.Tensor:
     return to_blocks(x.to(torch.float32), block_size).abs().amax(dim=-1)
 
 
-def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int):
+def _prepare(x: torch.Tensor, amax: torch.Tensor, block_size: int, *, nan_ok: bool = True):
     g = broadcast_amax(x, amax)
     xf = x.to(torch.float32)
-    if xf.numel() and bool(torch.isnan(xf).any()):
-        raise ValueError("NVFP4 fake quant got NaN input: the block scale of a NaN block is undefined")
+    if not nan_ok and xf.numel() and bool(torch.isnan(xf).any()):
+        raise ValueError("NVFP4 fake quant got NaN input: modelopt_static defines no block scale for a NaN block")
     return xf, g.unsqueeze(-1), to_blocks(xf, block_size)
 
 
@@ -185,24 +175,20 @@ def _te_quantize(x, amax, block_size: int, tile_2d: bool):
         back = lambda t: from_tiles(t, (block_size, block_size), tuple(x.shape))  # noqa: E731
     else:
         back = lambda t: from_blocks(t, x.shape[-1])  # noqa: E731
-    return round_to_e2m1(v), v, ds8, gd, g, back
+    return round_to_e2m1_te(v), v, ds8, gd, g, back
+
+
+def te_dequant_scale(ds8: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Step 9 of ``te``: TE's C++ ``final_scale = RN(RN(ds8 * g) * RN(1/2688))`` per block."""
+    return (ds8 * g) * torch.reciprocal(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, ds8))
 
 
 def nvfp4_te(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
-    """Default variant: Transformer Engine's reference recipe (1 x block_size blocks, or square tiles
-    with ``tile_2d``); see the module docstring."""
-    q, v, ds8, gd, _, back = _te_quantize(x, amax, block_size, tile_2d)
-    y = (q * ds8) * gd
-    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
-
-
-def nvfp4_te_qdq(x, amax, *, block_size: int = NVFP4_BLOCK, tile_2d: bool = False) -> FakeQuantResult:
-    """Variant ``te_qdq``: TE's quantize (``te`` steps 1-8) then TE's C++ ``dequantize_nvfp4``
-    (steps 9'-10' of the module docstring): what a TE user gets from ``quantizer(x).dequantize()``."""
+    """Default variant: Transformer Engine's reference quantize and its C++ dequantize (1 x block_size
+    blocks, or square tiles with ``tile_2d``); see the module docstring."""
     q, v, ds8, _, g, back = _te_quantize(x, amax, block_size, tile_2d)
-    fs = (ds8 * g) * torch.reciprocal(fp32_scalar_like(NVFP4_GLOBAL_SCALE_NUM, v))
-    y = q * fs
-    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1)
+    y = q * te_dequant_scale(ds8, g)
+    return FakeQuantResult(to_output_dtype(back(y), x.dtype), back(v), round_to_e2m1_te)
 
 
 def nvfp4_torchao(x, amax, *, block_size: int = NVFP4_BLOCK) -> FakeQuantResult:
@@ -255,7 +241,7 @@ def nvfp4_modelopt_static(
     x, amax, *, block_size: int = NVFP4_BLOCK, block_amax: torch.Tensor | None = None
 ) -> FakeQuantResult:
     """Model-Optimizer static-block variant; see the module docstring."""
-    xf, g, xb = _prepare(x, amax, block_size)
+    xf, g, xb = _prepare(x, amax, block_size, nan_ok=False)
     nb = xb.shape[-2]
     if block_amax is None:
         bamax = xb.abs().amax(dim=-1)
@@ -292,5 +278,5 @@ def nvfp4_tie_probe() -> dict[str, float]:
             "ieee_quotient": 5.0, "y_ieee": 3.75, "y_quotient_above": 5.625}
 
 
-VARIANTS = {"te": nvfp4_te, "te_qdq": nvfp4_te_qdq, "modelopt_static": nvfp4_modelopt_static, "torchao": nvfp4_torchao}
+VARIANTS = {"te": nvfp4_te, "modelopt_static": nvfp4_modelopt_static, "torchao": nvfp4_torchao}
 DEFAULT_VARIANT = "te"

@@ -58,6 +58,13 @@ def round_to_e2m1(v: torch.Tensor) -> torch.Tensor:
     return round_to_minifloat(v, mantissa_bits=1, min_normal_exp=0, max_value=E2M1_MAX)
 
 
+def round_to_e2m1_te(v: torch.Tensor) -> torch.Tensor:
+    """Transformer Engine's pure-torch E2M1 coding (``custom_recipes/reference_nvfp4.py``
+    ``cast_to_fp4x2``, decoded): ``round_to_e2m1`` except that ``v = -0.0`` and NaN are coded as
+    ``+0`` (its first test is ``x >= 0.0``, and NaN meets no test); ``v`` in ``(-0.25, 0)`` stays ``-0``."""
+    return torch.where((v == 0) | torch.isnan(v), torch.zeros((), device=v.device), round_to_e2m1(v))
+
+
 def fp32_scalar_like(value: float, ref: torch.Tensor) -> torch.Tensor:
     """A 1-element fp32 tensor on ``ref``'s device.
 

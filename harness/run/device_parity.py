@@ -47,7 +47,7 @@ def compare_devices(device: str, seed: int = 0) -> list[dict[str, Any]]:
             first = ""
             flags = [o for o in spec.options_for(var) if o.type is bool]
             for name, x, amax in cases:
-                if (spec.rejects_nan and torch.isnan(x).any()) or ("per_channel" in name and "per_channel" not in spec.amax_granularities):
+                if (spec.rejects_nan_for(var) and torch.isnan(x).any()) or ("per_channel" in name and "per_channel" not in spec.amax_granularities):
                     continue
                 if not spec.takes_amax:  # scales from the data: one row per input, no amax
                     if "amax=" in name and not name.endswith(f"amax={AMAX_SWEEP[0]!r}"):

@@ -106,9 +106,11 @@ def test_edges_put_values_at_and_beyond_amax():
         assert bool((mag == a).any()) and bool((mag > a).any())
 
 
-@pytest.mark.parametrize("fmt, has_nonfinite", [("int8", True), ("fp8_e4m3", True), ("nvfp4", False)])
-def test_special_values(fmt, has_nonfinite):
-    c = _case(fmt=fmt, variant=reference.default_variant(fmt), dist="special", amax="design")
+@pytest.mark.parametrize("fmt, variant, has_nonfinite", [("int8", "cuda", True), ("fp8_e4m3", "cuda", True), ("nvfp4", "te", True),
+                                                          ("nvfp4", "modelopt_static", False)])
+def test_special_values(fmt, variant, has_nonfinite):
+    """NaN and inf where the case's variant takes NaN input."""
+    c = _case(fmt=fmt, variant=variant, dist="special", amax="design")
     w = torch.cat([x.float().reshape(-1) for x in make_inputs(c).weights])
     assert bool(torch.isnan(w).any()) == has_nonfinite and bool(torch.isinf(w).any()) == has_nonfinite
     assert bool(((w == 0) & torch.signbit(w)).any()) and bool(((w != 0) & (w.abs() < torch.finfo(torch.bfloat16).tiny)).any())
@@ -135,7 +137,8 @@ def test_suites_cover_the_catalogue():
     shapes = {c.shape for c in nightly}
     assert all(s in shapes for m in NEMOTRON.values() for s in m.values())
     assert {c.dist for c in ci} >= {"ties", "neartie", "outties", "edges", "special", "nan", "zeros", "spread", "outliers"}
-    assert all("slow" not in marks(c) for c in ci) and sum(c.numel for c in ci) < 2_000_000
+    # the CI element budget: 2.0M elements, grown to 2.1M with the fp32_scale rules of every FP8 block-wise variant
+    assert all("slow" not in marks(c) for c in ci) and sum(c.numel for c in ci) < 2_100_000
     assert all("slow" in marks(c) and "gpu" in marks(c) for c in ultra)
 
 

@@ -94,12 +94,17 @@ def test_nvfp4_declines_what_torchao_refuses(ao):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
-def test_rceil_is_the_te_rule_on_bf16(ao, fmt, mx_cases):
-    """torchao RCEIL's CPU path (division, ``ceil(log2)``, Inf -> 254, reciprocal 1 at code 0) equals
-    the ``te`` variant on every bf16 block case (E8M0 boundaries, zero/Inf/NaN/denormal blocks)."""
+def test_rceil_parts_from_te_only_where_te_says(ao, fmt, mx_cases):
+    """torchao RCEIL's CPU path (division, ``ceil(log2)``, Inf -> 254, NaN -> 255, reciprocal 1 at code 0) is
+    not Transformer Engine's rule: on the bf16 block cases they part exactly on the blocks holding a
+    NaN (TE's amax skips it; MXFP4 ``te`` is TE's pure-torch reference, whose NaN block is NaN) and on
+    code-0 blocks (TE quantizes them with ``2**127``, torchao with 1)."""
     cases = [c for c in mx_cases(fmt) if c.weights[0].dtype == torch.bfloat16 and c.name != "blocks/all_bf16"]
     m = match_variants(ao.torchao_rceil, fmt, cases=cases, cap=2)
-    assert "te" in m.matched, {v: m.mismatches(v) for v in m.variant_names}
+    assert "torchao_rceil" in m.matched and "te" not in m.matched, {v: m.mismatches(v) for v in m.variant_names}
+    special = next(c for c in m.cases if c.case == "blocks/special")
+    te = next(v for v in special.variants if v.variant == "te")
+    assert te.mismatches > 0
 
 
 @pytest.mark.parametrize("mode", ["floor", "ceil"])

@@ -1,5 +1,6 @@
-"""NVFP4 ``te_qdq`` (Transformer Engine's quantize, then its C++ ``dequantize_nvfp4``) against an
-independent numpy-fp32 evaluation of both dequantization orders, on the ``te_dequant`` match case.
+"""NVFP4 ``te`` (Transformer Engine's reference quantize, then its C++ ``dequantize_nvfp4``) against an
+independent numpy-fp32 evaluation of two dequantization orders (TE's and a GEMM's ``RN(RN(q*ds8)*gd)``),
+on the ``te_dequant`` match case.
 
 The numpy side shares nothing with ``reference/``: its E4M3/E2M1 roundings search the code grids,
 its bf16 rounding works on bits.  Each numpy fp32 operation is one IEEE round-to-nearest-even.
@@ -49,7 +50,7 @@ def _bf16_bits(y: np.ndarray) -> np.ndarray:
 
 
 def numpy_te(x: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:
-    """fp32 outputs of one expert ``[rows, 16k]`` in the ``te`` and ``te_qdq`` orders."""
+    """fp32 outputs of one expert ``[rows, 16k]`` in the GEMM order and in TE's C++ order."""
     return numpy_te_blocks(x, g, 16)
 
 
@@ -65,7 +66,8 @@ def numpy_te_blocks(x: np.ndarray, g: float, block: int) -> tuple[np.ndarray, np
         xb = x.astype(F32).reshape(x.shape[0], -1, block)
         ds8 = _grid_round(np.abs(xb).max(axis=-1, keepdims=True) * mult, E4M3)
         es = np.minimum(F32(1) / (ds8 * gd), fmax)
-    q = _grid_round(xb * es, E2M1)
+    v = xb * es
+    q = np.where(v == 0, F32(0), _grid_round(v, E2M1))  # TE's cast_to_fp4x2 codes a scaled -0.0 as +0
     old = (q * ds8) * gd
     new = q * ((ds8 * g) * (F32(1) / F32(2688)))
     return old.reshape(x.shape), new.reshape(x.shape)
@@ -77,12 +79,11 @@ def case():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_te_qdq_is_te_quantize_then_cpp_dequantize(case, dtype):
-    """``te`` equals the numpy ``RN(RN(q*ds8)*gd)`` order and ``te_qdq`` the C++ order bit for bit;
-    the two orders differ on ``TE_DEQUANT_DIFFERENCES`` outputs.
-    Rerun: ``python -m pytest tests/external/test_te_nvfp4_qdq.py``."""
+def test_te_is_te_quantize_then_cpp_dequantize(case, dtype):
+    """``te`` equals the numpy C++ order bit for bit; the GEMM order ``RN(RN(q*ds8)*gd)`` differs from it on
+    ``TE_DEQUANT_DIFFERENCES`` outputs.  Rerun: ``python -m pytest tests/external/test_te_nvfp4_qdq.py``."""
     it = torch.int16 if dtype == torch.bfloat16 else torch.int32
-    counts = {"te": 0, "te_qdq": 0, "orders": 0}
+    counts = {"te": 0, "orders": 0}
     for i, (w, g) in enumerate(zip(case.weights, case.amax)):
         x = w.to(dtype)
         old, new = numpy_te(x.to(torch.float32).numpy(), float(g))
@@ -91,7 +92,7 @@ def test_te_qdq_is_te_quantize_then_cpp_dequantize(case, dtype):
         else:
             old, new = old.view(np.int32), new.view(np.int32)
         counts["orders"] += int((old != new).sum())
-        for v, want in (("te", old), ("te_qdq", new)):
+        for v, want in (("te", new),):
             got = reference.fake_quant(x, g, "nvfp4", v).view(it).numpy()
             bad = np.nonzero(got.reshape(-1) != want.reshape(-1))[0]
             counts[v] += bad.size
@@ -99,39 +100,36 @@ def test_te_qdq_is_te_quantize_then_cpp_dequantize(case, dtype):
     assert counts["orders"] == TE_DEQUANT_DIFFERENCES[dtype], counts
 
 
-def test_tie_block_rounds_to_even_only_in_te_qdq(case):
+def test_tie_block_rounds_to_even_in_te_order(case):
     """The expert ``[[2.625, 9.875, 0...], [18.375, 0...]]``: exact results 2.4609375 and 9.84375 are
-    bf16 ties; TE's C++ order reaches them exactly (ties to even: 2.46875, 9.875), ``te`` lands an
-    fp32 ulp below and rounds down (2.453125, 9.8125)."""
+    bf16 ties; TE's C++ order reaches them exactly (ties to even: 2.46875, 9.875), the GEMM order lands
+    an fp32 ulp below and rounds down (2.453125, 9.8125)."""
     w, g = case.weights[-1], case.amax[-1]
     assert float(g) == 18.375
-    exact = reference.fake_quant(w.to(torch.float32), g, "nvfp4", "te_qdq")[0, :2].tolist()
-    assert exact == [2.4609375, 9.84375]
-    assert reference.fake_quant(w, g, "nvfp4", "te_qdq")[0, :2].tolist() == [2.46875, 9.875]
-    assert reference.fake_quant(w, g, "nvfp4", "te")[0, :2].tolist() == [2.453125, 9.8125]
+    assert reference.fake_quant(w.to(torch.float32), g, "nvfp4", "te")[0, :2].tolist() == [2.4609375, 9.84375]
+    assert reference.fake_quant(w, g, "nvfp4", "te")[0, :2].tolist() == [2.46875, 9.875]
+    old, _ = numpy_te(w.to(torch.float32).numpy(), float(g))
+    assert [float(v) for v in torch.from_numpy(_bf16_bits(old)).view(torch.bfloat16)[0, :2]] == [2.453125, 9.8125]
 
 
 def test_zero_global_amax_gives_zeros():
     """``g = 0``: TE's final scale ``RN(RN(ds8 * 0) * RN(1/2688))`` is 0, every output a zero of the
-    code's sign (``te`` instead divides by an encode scale clamped to FP32_MAX)."""
+    code's sign."""
     x = torch.tensor([[0.5, -0.25] + [0.0] * 14], dtype=torch.bfloat16)
-    y = reference.fake_quant(x, torch.tensor(0.0), "nvfp4", "te_qdq")
+    y = reference.fake_quant(x, torch.tensor(0.0), "nvfp4", "te")
     assert torch.equal(y.view(torch.int16)[0, :2], torch.tensor([0, -32768], dtype=torch.int16))
 
 
-def test_te_qdq_2d_tiles_dequantize_the_te_2d_quantize():
-    """``tile_2d`` (TE's 16x16 weight tiles): the same C++ dequantize of the same codes and scales:
-    ``te_qdq`` and ``te`` share steps 1-8 (pre-round values equal) and differ only in the final order."""
+def test_te_2d_tiles_dequantize_the_te_2d_quantize():
+    """``tile_2d`` (TE's 16x16 weight tiles): the C++ dequantize of the 2D codes and scales."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 40, 48, generator=gen)
     g = x.abs().amax(dim=(1, 2))
     a = reference.fake_quant_traced(x, g, "nvfp4", "te", tile_2d=True)
-    b = reference.fake_quant_traced(x, g, "nvfp4", "te_qdq", tile_2d=True)
-    assert torch.equal(a.pre_round, b.pre_round)
     for e in range(2):
         old, new = numpy_te_2d(x[e].numpy(), float(g[e]))
-        assert np.array_equal(a.out[e].numpy().view(np.int32), old.view(np.int32))
-        assert np.array_equal(b.out[e].numpy().view(np.int32), new.view(np.int32))
+        assert np.array_equal(a.out[e].numpy().view(np.int32), new.view(np.int32))
+        assert not np.array_equal(old.view(np.int32), new.view(np.int32))  # the orders part on this input
 
 
 def numpy_te_2d(x: np.ndarray, g: float) -> tuple[np.ndarray, np.ndarray]:

@@ -121,7 +121,7 @@ class GroupedDiffers(_Base):
 
 
 class AcceptsNan(_Base):
-    """Returns zeros instead of rejecting NVFP4 NaN input."""
+    """Returns zeros instead of rejecting NaN input (NVFP4 ``modelopt_static``)."""
 
     name = "accepts-nan"
 

@@ -66,6 +66,8 @@ def mx_code(a: float, variant: str, fmt: str) -> int:
                 if e > 127:
                     return 255
         return max(-127, min(128, e - emax)) + 127
+    if variant == "te" and fmt == "mxfp4":  # TE's pure-torch MXFP4: ceil(log2(A / 6)), NaN -> a NaN scale
+        return mx_code(a, "torchao_rceil", fmt)
     if variant in ("rceil", "te"):
         d = float(np.float32(a) * (np.float32(1.0) / np.float32(mx)))  # the rounded reciprocal, then the product
         if math.isnan(d):
@@ -109,8 +111,12 @@ def mx_fake_quant(x: np.ndarray, fmt: str, variant: str, tile: tuple[int, int]) 
     rnd = e4m3_round if fmt == "mxfp8" else e2m1_round
     for rs, cs in _tiles(x, tile):
         blk = x[rs, cs].astype(np.float32)
-        a = float(np.max(np.abs(blk))) if blk.size else 0.0
+        mags = np.abs(blk)
+        if variant == "te" and fmt == "mxfp8":  # TE's C++ amax skips NaN (std::max from 0)
+            mags = mags[~np.isnan(mags)]
+        a = float(np.max(mags)) if mags.size else 0.0
         modelopt_fp4 = fmt == "mxfp4" and variant == "modelopt"
+        te_fp4 = fmt == "mxfp4" and variant == "te"
         if modelopt_fp4 and not math.isfinite(a):  # Model-Optimizer's MXFP4: inf/NaN exponent, every element -0
             y[rs, cs] = -0.0
             continue
@@ -119,7 +125,7 @@ def mx_fake_quant(x: np.ndarray, fmt: str, variant: str, tile: tuple[int, int]) 
             y[rs, cs] = np.nan
             continue
         inv = math.ldexp(1.0, 127 - code)
-        if code == 0 and variant in ("te", "torchao_rceil"):
+        if code == 0 and variant == "torchao_rceil":
             inv = 1.0
         if code == 0 and variant in ("torchao_floor", "torchao_ceil", "torchao_even"):  # scale clamped to 2**-126
             inv = math.ldexp(1.0, 126)
@@ -128,14 +134,25 @@ def mx_fake_quant(x: np.ndarray, fmt: str, variant: str, tile: tuple[int, int]) 
             if modelopt_fp4:  # ties toward zero; negative unless v > 0 (+0 -> -0)
                 q = np.abs(e2m1_round(v, ties="zero")).astype(np.float64)
                 q = np.where(v > 0, q, -q)
+            elif te_fp4:  # TE's cast_to_fp4x2: -0.0 and NaN coded +0
+                q = rnd(v).astype(np.float64)
+                q = np.where((v == 0) | np.isnan(v), 0.0, q)
             else:
                 q = rnd(v).astype(np.float64)
             y[rs, cs] = (q * math.ldexp(1.0, code - 127)).astype(np.float32)
     return y
 
 
-def fp8_block_fake_quant(x: np.ndarray, variant: str, tile: tuple[int, int], fp32_scale: bool = False) -> np.ndarray:
-    """fp32 output of FP8 block-wise fake quant of the 2-D fp32 array ``x``."""
+def _ceil_pow2(d: float) -> float:
+    """The least power of two >= ``d > 0`` (exact: ``math.frexp``)."""
+    m, e = math.frexp(d)
+    return math.ldexp(1.0, e - 1) if m == 0.5 else math.ldexp(1.0, e)
+
+
+def fp8_block_fake_quant(x: np.ndarray, variant: str, tile: tuple[int, int], fp32_scale: bool = False,
+                         dtype_max: float = F32_MAX) -> np.ndarray:
+    """fp32 output of FP8 block-wise fake quant of the 2-D fp32 array ``x`` (``dtype_max``: the input
+    dtype's largest value, TE's replacement of an infinite scale)."""
     f = np.float32
     y = np.zeros_like(x, dtype=np.float32)
     for rs, cs in _tiles(x, tile):
@@ -146,7 +163,7 @@ def fp8_block_fake_quant(x: np.ndarray, variant: str, tile: tuple[int, int], fp3
                 a = f(np.max(mag))
                 s = f(f(448.0) / a)
                 if math.isinf(s):
-                    s = f(F32_MAX)
+                    s = f(dtype_max)
                 if not fp32_scale:
                     s = f(0.5) if math.isnan(s) else f(math.ldexp(1.0, _floor_log2(float(s))) if s > 0 else 0.5)
                     if math.isinf(a):
@@ -156,34 +173,41 @@ def fp8_block_fake_quant(x: np.ndarray, variant: str, tile: tuple[int, int], fp3
                 inv = f(f(1.0) / s)
                 y[rs, cs] = (e4m3_round(blk * s) * inv).astype(np.float32)
             elif variant == "deepseek":
-                finite_or_inf = mag[~np.isnan(mag)]
-                a = f(np.max(finite_or_inf)) if finite_or_inf.size else f(0.0)
-                s = f(a / f(448.0))
+                kept = mag[~np.isnan(mag)]
+                a = f(np.max(kept)) if kept.size else f(0.0)
+                a = max(a, f(1e-4))
+                s = f(a * f(f(1.0) / f(448.0)))  # the GPU's amax / 448.: a product with the rounded reciprocal
+                if not fp32_scale and math.isfinite(s):
+                    s = f(_ceil_pow2(float(s)))
                 y[rs, cs] = (e4m3_round(blk / s) * s).astype(np.float32)
             elif variant == "deepgemm":
                 a = f(np.max(mag))
                 a = a if (math.isnan(a) or a >= f(1e-4)) else f(1e-4)
-                d = float(f(a / f(448.0)))
-                if math.isnan(d) or math.isinf(d):
-                    e = 254
+                d = f(a / f(448.0))
+                if fp32_scale:
+                    sf = d
+                elif math.isnan(d) or math.isinf(d):
+                    sf = f(2.0**127)
                 else:
-                    e = _floor_log2(d) + 127 + int(d != math.ldexp(1.0, _floor_log2(d)))
-                    e = max(1, min(254, e))
-                sf = f(math.ldexp(1.0, e - 127))
+                    e = _floor_log2(float(d)) + 127 + int(float(d) != math.ldexp(1.0, _floor_log2(float(d))))
+                    sf = f(math.ldexp(1.0, max(1, min(254, e)) - 127))
                 y[rs, cs] = (e4m3_round(blk * f(f(1.0) / sf)) * sf).astype(np.float32)
             else:
                 raise ValueError(variant)
     return y
 
 
-def int4_group_fake_quant(x: np.ndarray, variant: str) -> np.ndarray:
-    """fp32 output of INT4 group-wise fake quant (blocks of 128 along the last dim) of 2-D fp32 ``x``."""
+def int4_group_fake_quant(x: np.ndarray, variant: str, group: int = 128) -> np.ndarray:
+    """fp32 output of INT4 group-wise fake quant (groups of ``group`` along the last dim) of 2-D fp32 ``x``
+    (one expert: ``modelopt``'s zero-amax gate is taken over all its groups)."""
     f = np.float32
     y = np.zeros_like(x, dtype=np.float32)
     tiny = f(2.0**-24)
-    for rs, cs in _tiles(x, (1, 128)):
+    tiles = list(_tiles(x, (1, group)))
+    amax = [f(np.max(np.abs(x[rs, cs].astype(np.float32)))) for rs, cs in tiles]
+    gate = bool(amax) and not any(math.isnan(a) for a in amax) and min(amax) <= tiny
+    for (rs, cs), a in zip(tiles, amax):
         blk = x[rs, cs].astype(np.float32)
-        a = f(np.max(np.abs(blk))) if blk.size else f(0.0)
         with np.errstate(all="ignore"):
             if variant == "step":
                 step = f(a / f(7.0))
@@ -193,6 +217,12 @@ def int4_group_fake_quant(x: np.ndarray, variant: str) -> np.ndarray:
                 s = f(f(7.0) / a)
                 out = (np.clip(np.rint((blk * s).astype(np.float32)), -8, 7) / s).astype(np.float32)
                 out = np.zeros_like(blk) if a < tiny else out
+            elif variant == "modelopt":
+                masked = gate and a <= tiny
+                s = f(0.0) if masked else f(f(7.0) / a)
+                q = np.rint((blk * s).astype(np.float32))
+                q = np.where(np.isnan(q), q, np.clip(q, -8, 7))
+                out = (q / (f(1.0) if masked else s)).astype(np.float32)
             else:  # eager / reciprocal: scale 0 at a <= 2**-24, then divided by 1
                 s = f(0.0) if a <= tiny else (f(f(7.0) / a) if variant == "eager" else f(f(f(1.0) / a) * f(7.0)))
                 out = (np.clip(np.rint((blk * s).astype(np.float32)), -8, 7) / (f(1.0) if a <= tiny else s)).astype(np.float32)

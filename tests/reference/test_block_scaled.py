@@ -12,6 +12,7 @@ import torch
 from moe_fq_parity import reference as R
 from moe_fq_parity.reference import mx as MX
 from moe_fq_parity.reference.fp8_block import pow2_floor, ue8m0_ceil
+from moe_fq_parity.reference.rounding import round_to_e4m3
 
 
 def _f32(*v: float) -> torch.Tensor:
@@ -72,19 +73,20 @@ def test_nonfinite_and_tiny_blocks_per_variant():
     x[0, 40] = math.nan
     floor = R.fake_quant(x, None, "mxfp8", "floor")
     assert torch.isnan(floor).all()  # code 255 in both blocks
-    te = R.fake_quant(x, None, "mxfp8", "te")
-    assert torch.isinf(te[0, 3]) and (te[0, :32][torch.arange(32) != 3] == 0).all() and torch.isnan(te[0, 32:]).all()
+    te = R.fake_quant(x, None, "mxfp8", "te")  # inf block: code 254; the NaN block's amax skips the NaN
+    assert torch.isinf(te[0, 3]) and (te[0, :32][torch.arange(32) != 3] == 0).all()
+    assert torch.isnan(te[0, 40]) and int(torch.isnan(te[0, 32:]).sum()) == 1 and float(te[0, 63]) == 1.0
     mo = R.fake_quant(x, None, "mxfp8", "modelopt")  # NaN block: code 0, finite elements saturate at 448 * 2**-127
     assert float(mo[0, 63]) == 448.0 * 2.0**-127 and torch.isnan(mo[0, 40])
     tiny = torch.full((1, 32), 2.0**-130)
     assert float(R.fake_quant(tiny, None, "mxfp8", "floor")[0, 0]) == 2.0**-130  # code 0 = 2**-127, not zero
-    assert float(R.fake_quant(tiny, None, "mxfp8", "te")[0, 0]) == 0.0  # TE: code 0 quantizes with 1
+    assert float(R.fake_quant(tiny, None, "mxfp8", "te")[0, 0]) == 2.0**-130  # TE's exp2f_rcp(0) = 2**127, exp2f(0) = 2**-127
 
 
 def test_fp8_block_rules():
     zero = torch.zeros(1, 128)
     assert torch.equal(R.fake_quant(zero, None, "fp8_block"), zero)
-    assert torch.isnan(R.fake_quant(zero, None, "fp8_block", "deepseek")).all()  # 0/0: no zero guard
+    assert torch.equal(R.fake_quant(zero, None, "fp8_block", "deepseek"), zero)  # amax raised to 1e-4: s > 0
     assert torch.equal(R.fake_quant(zero, None, "fp8_block", "deepgemm"), zero)
     x = torch.linspace(-1, 1, 128).reshape(1, 128)
     x[0, 5] = math.nan
@@ -98,6 +100,11 @@ def test_fp8_block_rules():
     assert float(ue8m0_ceil(_f32(1.0))) == 1.0 and float(ue8m0_ceil(_f32(1.5))) == 2.0 and float(ue8m0_ceil(_f32(math.nan))) == 2.0**127
     small = torch.full((1, 128), 1e-6)  # DeepGEMM's amax floor 1e-4: sf = 2**-12, 1e-6 / sf rounds to 0.004 -> e4m3 0.00390625
     assert float(R.fake_quant(small, None, "fp8_block", "deepgemm")[0, 0]) == 0.00390625 * 2.0**-12
+    assert float(R.fake_quant(small, None, "fp8_block", "deepseek")[0, 0]) == 0.00390625 * 2.0**-12  # the same floor, ue8m0
+    s32 = torch.tensor(1e-4, dtype=torch.float32) / torch.tensor(448.0)  # fp32 scale: RN(1e-4 / 448), not a power of two
+    assert float(round_to_e4m3(_f32(1e-6) / s32)) == 4.5  # 1e-6 / s = 4.48 -> e4m3 4.5
+    for variant in ("deepseek", "deepgemm"):
+        assert float(R.fake_quant(small, None, "fp8_block", variant, fp32_scale=True)[0, 0]) == float(torch.tensor(4.5) * s32)
 
 
 @pytest.mark.parametrize("fmt, tile", [("mxfp8", (1, 32)), ("mxfp4", (32, 32)), ("fp8_block", (1, 128)), ("fp8_block", (128, 128))])

@@ -56,11 +56,15 @@ def test_unsigned_rejects_negative_and_quantizes_positive():
     assert q.round().max() > 127  # the unsigned range is really used
 
 
-def test_nvfp4_nan_and_per_channel_rejected():
+def test_nvfp4_nan_per_variant_and_per_channel_rejected():
+    """``modelopt_static`` rejects NaN input; ``te`` and ``torchao`` take it: the NaN's block is NaN."""
     x = _w(4, 32)
     x[1, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        R.fake_quant(x, torch.tensor(1.0), "nvfp4")
+        R.fake_quant(x, torch.tensor(1.0), "nvfp4", "modelopt_static")
+    for variant in ("te", "torchao"):
+        y = R.fake_quant(x, torch.tensor(1.0), "nvfp4", variant)
+        assert torch.isnan(y[1, :16]).all() and not torch.isnan(y[1, 16:]).any() and not torch.isnan(y[0]).any(), variant
     with pytest.raises(ValueError, match="per-channel"):
         R.fake_quant(_w(4, 32), torch.ones(4), "nvfp4")
 

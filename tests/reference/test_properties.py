@@ -84,6 +84,9 @@ def test_odd_symmetry_bitwise(values, amax, fmt):
     want = -y
     if fmt.startswith("int") and amax < TINY_AMAX:
         want = torch.zeros_like(y)  # documented exception: tiny amax gives +0 for every element
+    if fmt == "nvfp4":  # documented exception: TE codes a scaled value of exactly -0.0 as +0
+        pre = R.fake_quant_traced(-x, a, fmt).pre_round
+        want = torch.where(pre == 0, torch.zeros_like(want), want)
     assert torch.equal(want.view(torch.int16), y_neg.view(torch.int16)), f"{fmt} amax={amax!r}"
 
 

@@ -9,7 +9,7 @@ import torch
 
 from moe_fq_parity import reference as R
 from moe_fq_parity.reference.nvfp4 import nvfp4_tie_probe, static_block_scales
-from moe_fq_parity.reference.rounding import round_to_e2m1, round_to_e4m3
+from moe_fq_parity.reference.rounding import round_to_e2m1, round_to_e2m1_te, round_to_e4m3
 
 BF16_X = 1.0078125
 """bf16 value; the fp32 amax ``1.006`` lies below it and rounds (RNE) up to it in bf16."""
@@ -157,16 +157,16 @@ def _te_cast_to_fp4_code(v: torch.Tensor) -> torch.Tensor:
     return torch.where(neg, ncode, code)
 
 
-def test_te_variant_keeps_minus_zero_where_te_reference_codes_plus_zero():
-    """The documented difference: only a scaled value of exactly -0.0 (code 0 in TE, -0 here)."""
-    v = torch.tensor([-0.0, 0.0, -0.1, 0.1, -0.25, -0.3, -5.0, 5.0])
+def test_te_coding_of_zero_and_nan_is_te_references():
+    """``round_to_e2m1_te`` is TE's ``cast_to_fp4x2`` chain: ``v = -0.0`` and NaN code ``+0``, ``(-0.25, 0)`` codes ``-0``;
+    the plain sign-keeping ``round_to_e2m1`` differs from it exactly at ``v == -0.0`` (and NaN)."""
+    v = torch.tensor([-0.0, 0.0, -0.1, 0.1, -0.25, -0.3, -5.0, 5.0, float("nan")])
     codes = _te_cast_to_fp4_code(v)
-    assert codes.tolist() == [0, 0, 8, 0, 8, 9, 14, 6]
+    assert codes.tolist() == [0, 0, 8, 0, 8, 9, 14, 6, 0]
     te_vals = torch.tensor([0.0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])[codes]
-    ours = round_to_e2m1(v)
-    assert torch.equal(ours, te_vals)  # equal in value everywhere
-    differ = _bits(ours) != _bits(te_vals)
-    assert differ.tolist() == [True] + [False] * 7  # and in bits except at v == -0.0
+    assert torch.equal(_bits(round_to_e2m1_te(v)), _bits(te_vals))
+    differ = _bits(round_to_e2m1(v[:8])) != _bits(te_vals[:8])
+    assert differ.tolist() == [True] + [False] * 7
     x = torch.tensor([[6.0, -0.0, -0.01, 0.0] + [1.0] * 12], dtype=torch.bfloat16)
     y = R.fake_quant(x, torch.tensor(6.0), "nvfp4", "te")
-    assert int(_bits(y)[0, 1]) == int(_bits(torch.tensor(-0.0, dtype=torch.bfloat16)))
+    assert _bits(y)[0, :4].tolist() == [int(_bits(torch.tensor(6.0, dtype=torch.bfloat16))), 0, int(_bits(torch.tensor(-0.0, dtype=torch.bfloat16))), 0]

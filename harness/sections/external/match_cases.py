@@ -18,7 +18,7 @@
   exact; each block ends in ``-0.0``.  It holds the probe ``g = 2688``, block amax 5.625,
   ``x = 4.6875`` (``reference.nvfp4.nvfp4_tie_probe``);
 * ``te_dequant`` (NVFP4)   -- calibrated bf16 experts (``amax == max|x|``, TE's own amax) where
-  the ``te`` and ``te_qdq`` dequantization orders part: ``TE_DEQUANT_EXPERTS`` experts ``[128, 128]``
+  TE's C++ dequantization order (``te``) and a GEMM's ``RN(RN(q*ds8)*gd)`` part: ``TE_DEQUANT_EXPERTS`` experts ``[128, 128]``
   of random blocks at magnitudes ``1e-3 .. 1e3`` (every other one with a global amax ``c 2**k``,
   ``c`` in ``TE_DEQUANT_AMAX_ODD``, where more exact results are bf16 ties), plus the expert
   ``[2, 16]`` ``[[2.625, 9.875, 0...], [18.375, 0...]]`` whose results 2.4609375 and 9.84375 are exact

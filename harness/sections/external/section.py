@@ -65,7 +65,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     **{("modelopt-eager", f): "eager" for f in ("int8", "int4", "fp8_e4m3")},
     ("te", "fp8_e4m3"): "cuda",
     ("te-current", "fp8_e4m3"): "te_current",
-    ("te", "nvfp4"): "te_qdq",
+    ("te", "nvfp4"): "te",
     ("torchao", "nvfp4"): "torchao",
     **{("modelopt-mx", f): "modelopt" for f in ("mxfp8", "mxfp4")},
     ("modelopt-int4-block", "int4_group"): "eager",

@@ -20,7 +20,9 @@ from moe_fq_parity.reference.constants import E4M3_MAX, E8M0_NAN, TINY_AMAX
 from moe_fq_parity.reference.granularity import from_tiles, to_tiles
 from moe_fq_parity.reference.formats import E2M1_GRID, E4M3_GRID, FORMATS, MinifloatGrid, format_spec
 from moe_fq_parity.reference.nvfp4 import from_blocks, to_blocks
-from moe_fq_parity.reference.rounding import fp32_scalar_like, round_to_e2m1, round_to_e4m3, round_to_minifloat, to_output_dtype
+from moe_fq_parity.reference.rounding import (
+    fp32_scalar_like, round_to_e2m1, round_to_e2m1_te, round_to_e4m3, round_to_minifloat, to_output_dtype,
+)
 
 Tensor = torch.Tensor
 
@@ -79,8 +81,10 @@ def _e2m1_ties_up(v: Tensor) -> Tensor:
     return torch.sign(c) * torch.floor(c.abs() / step + 0.5) * step
 
 
-def _nvfp4_fq(x: Tensor, g: Tensor, *, block_size=16, e2m1=round_to_e2m1, round_block_scale=True, write_tail=True,
-              cast="rne") -> Tensor:
+def _nvfp4_fq(x: Tensor, g: Tensor, *, block_size=16, e2m1=round_to_e2m1_te, round_block_scale=True, write_tail=True,
+              cast="rne", dequant="te") -> Tensor:
+    """``reference.nvfp4`` variant ``te`` of one expert, one step selectable (mutated); ``dequant="gemm"``:
+    ``RN(RN(q * ds8) * gd)`` instead of TE's ``RN(q * RN(RN(ds8 * g) * RN(1/2688)))``."""
     xf = x.float()
     n = x.shape[-1]
     xb = to_blocks(xf, block_size)
@@ -93,7 +97,8 @@ def _nvfp4_fq(x: Tensor, g: Tensor, *, block_size=16, e2m1=round_to_e2m1, round_
     ds = xb.abs().amax(dim=-1, keepdim=True) * mult
     ds8 = round_to_e4m3(ds) if round_block_scale else torch.clamp(ds, max=E4M3_MAX)
     es = torch.minimum(fp32_scalar_like(1.0, xf) / (ds8 * gd), fmax)
-    y = from_blocks((e2m1(xb * es) * ds8) * gd, n)
+    q = e2m1(xb * es)
+    y = from_blocks((q * ds8) * gd if dequant == "gemm" else q * ((ds8 * g) * torch.reciprocal(fp32_scalar_like(2688.0, xf))), n)
     if not write_tail and n % block_size:
         y[..., n - n % block_size:] = 0.0  # last partial block never stored (buffer was zeroed)
     return _cast(y, x.dtype, cast)
@@ -253,21 +258,24 @@ _MX_SCALE = "e8m0"
 
 
 def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, amax_bf16=False, nonfinite_code=E8M0_NAN,
-           code0_zero=False, axis="in", code0_inverse=None) -> Tensor:
-    """MX fake quant of one expert (``reference.mx`` steps 1-7) with one step selectable (mutated)."""
+           code0_zero=False, axis="in", code0_inverse=None, skip_nan=None) -> Tensor:
+    """MX fake quant of one expert (``reference.mx`` steps 1-7, the variant's ``mx_rule``) with one step
+    selectable (mutated); ``skip_nan`` overrides whether the block amax skips NaN elements."""
     elem = _MX_ELEMENTS[format_spec(fmt).grid]
-    emax, mbits, emx, elem_round = MX.ELEMENTS[elem]
+    emax, mbits, emx, _ = MX.ELEMENTS[elem]
+    rule = MX.mx_rule(variant, elem)
+    elem_round = rule.elem_round
     tile = MX.mx_tile(tile_2d)
     tile = (tile[1], tile[0]) if axis == "out" else tile
     xt = to_tiles(x.float(), tile)
-    a = xt.abs().amax(dim=-1)
+    a = MX.block_amax(xt, rule.skip_nan if skip_nan is None else skip_nan).squeeze(-1)
     if amax_bf16:  # amax rounded to bf16 before the exponent is taken
         a = a.to(torch.bfloat16).float()
-    code = (code_rule or MX.CODE_RULES[variant])(a, emax, mbits, emx)
+    code = (code_rule or rule.code)(a, emax, mbits, emx)
     if nonfinite_code != E8M0_NAN:
         code = torch.where(torch.isfinite(a), code, torch.full_like(code, nonfinite_code))
     code = code.unsqueeze(-1)
-    inv = MX.mx_inverse(code, variant)
+    inv = MX.mx_inverse(code, rule.inverse)
     if code0_inverse is not None:  # step 3's multiplier for code 0 replaced
         inv = torch.where(code == 0, torch.full((), code0_inverse), inv)
     dec = MX.e8m0_decode(code)
@@ -277,22 +285,37 @@ def _mx_fq(x: Tensor, fmt: str, variant: str, *, tile_2d=False, code_rule=None, 
     return to_output_dtype(from_tiles(y, tile, tuple(x.shape)), x.dtype)
 
 
-def _mx(kw: dict):
+def _mx_fq_elem(x: Tensor, variant: str, elem_round: Callable[[Tensor], Tensor]) -> Tensor:
+    """``reference.mx`` MXFP4 ``variant`` with its element rounding replaced."""
+    rule = MX.mx_rule(variant, "e2m1")
+    xt = to_tiles(x.float(), MX.mx_tile(False))
+    a = MX.block_amax(xt, rule.skip_nan)
+    code = rule.code(a, 2, 1, 6.0)
+    y = elem_round(xt * MX.mx_inverse(code, rule.inverse)) * MX.e8m0_decode(code)
+    return to_output_dtype(from_tiles(y, MX.mx_tile(False), tuple(x.shape)), x.dtype)
+
+
+def _mx(kw: dict, only: str | None = None):
+    """forward(...) of an MX mutant: ``_mx_fq`` with ``kw`` (for the variant ``only`` alone, when given)."""
+
     def forward(self: Mutant, weights, amax, fmt, variant=None, tile_2d=False, **options):
         v = variant or R.default_variant(fmt)
-        return [_mx_fq(w, fmt, v, tile_2d=tile_2d, **kw) for w in weights]
+        return [_mx_fq(w, fmt, v, tile_2d=tile_2d, **(kw if only in (None, v) else {})) for w in weights]
 
     return forward
 
 
-def _fp8_block_fq(x: Tensor, *, tile_2d=False, fp32_scale=False, pow2="floor", nan_scale="frexp", axis="in", dequant="recip") -> Tensor:
-    """``reference.fp8_block`` variant ``te`` for one expert, one step selectable (mutated)."""
+def _fp8_block_fq(x: Tensor, *, tile_2d=False, fp32_scale=False, pow2="floor", nan_scale="frexp", axis="in", dequant="recip",
+                  inf_scale="dtype") -> Tensor:
+    """``reference.fp8_block`` variant ``te`` for one expert, one step selectable (mutated); ``inf_scale="fp32"``:
+    an infinite scale replaced by FP32_MAX instead of the input dtype's largest value."""
     tile = FB.fp8_tile(tile_2d)
     tile = (tile[1], tile[0]) if axis == "out" else tile
     xt = to_tiles(x.float(), tile)
     a = xt.abs().amax(dim=-1, keepdim=True)
     s = fp32_scalar_like(E4M3_MAX, a) / a
-    s = torch.where(s == float("inf"), fp32_scalar_like(torch.finfo(torch.float32).max, a), s)
+    big = torch.finfo(torch.float32 if inf_scale == "fp32" else x.dtype).max
+    s = torch.where(s == float("inf"), fp32_scalar_like(big, a), s)
     if not fp32_scale:
         p = FB.pow2_floor(s)
         if pow2 == "ceil":  # the power of two at or above the scale
@@ -328,6 +351,53 @@ def _tiles_wrong_axis(self, weights, amax, fmt, variant=None, tile_2d=False, **o
     if spec.tiles is not None and spec.tiles.scale != _MX_SCALE:  # FP8 block-wise
         return [_fp8_block_fq(w, tile_2d=tile_2d, axis="out", **options) for w in weights]
     return [_mx_fq(w, fmt, variant or R.default_variant(fmt), tile_2d=tile_2d, axis="out") for w in weights]
+
+
+def _variant_step(fmt_name: str, variant: str, fn: Callable[..., Tensor]):
+    """forward(...) of a mutant of one non-default variant: ``fn(x, **options)`` per expert (``fmt_name``
+    only; every other case goes to the reference)."""
+
+    def forward(self: Mutant, weights, amax, fmt, variant=None, **options):
+        if fmt != fmt_name or variant != variant_name:
+            return R.fake_quant_experts(weights, amax, fmt, **({"variant": variant} if variant else {}), **options)
+        return [fn(w, **options) for w in weights]
+
+    variant_name = variant
+    return forward
+
+
+def _deepseek_no_floor(x: Tensor, *, fp32_scale=False, **_) -> Tensor:
+    """``reference.fp8_block`` ``deepseek`` without its amax floor ``max(A, 1e-4)`` (the pre-V3.1 kernel)."""
+    xt = to_tiles(x.float(), (1, FB.FP8_BLOCK))
+    mag = xt.abs()
+    a = torch.where(torch.isnan(mag), torch.zeros(()), mag).amax(dim=-1, keepdim=True)
+    s = a * torch.reciprocal(fp32_scalar_like(E4M3_MAX, a))
+    if not fp32_scale:
+        s = torch.where(torch.isinf(s) | (s == 0), s, FB.ue8m0_ceil(s, lo=0, hi=255))
+    y = round_to_e4m3(xt / s) * s
+    return to_output_dtype(from_tiles(y, (1, FB.FP8_BLOCK), tuple(x.shape)), x.dtype)
+
+
+def _deepgemm_division(x: Tensor, *, tile_2d=False, fp32_scale=False, **_) -> Tensor:
+    """``reference.fp8_block`` ``deepgemm`` with ``x / sf`` instead of ``x * RN(1/sf)``."""
+    tile = FB.fp8_tile(tile_2d)
+    xt = to_tiles(x.float(), tile)
+    sf = FB.deepgemm_scale(xt.abs().amax(dim=-1, keepdim=True), fp32_scale=fp32_scale)
+    return to_output_dtype(from_tiles(round_to_e4m3(xt / sf) * sf, tile, tuple(x.shape)), x.dtype)
+
+
+def _int4_modelopt_gate_per_group(x: Tensor, *, group_size=128, **_) -> Tensor:
+    """``reference.int_group`` ``modelopt`` with the zero-amax mask applied to every group with amax <= 2**-24
+    whatever the other groups hold (Model-Optimizer tests its gate once per tensor on ``min(amax)``, which
+    a NaN group turns off)."""
+    tile = (1, group_size)
+    xt = to_tiles(x.float(), tile)
+    a = xt.abs().amax(dim=-1, keepdim=True)
+    masked = a <= TINY_AMAX
+    s = fp32_scalar_like(7.0, xt) / a
+    q = torch.clamp(torch.round(xt * torch.where(masked, torch.zeros(()), s)), -8.0, 7.0)
+    y = q / torch.where(masked, torch.ones(()), s)
+    return to_output_dtype(from_tiles(y, tile, tuple(x.shape)), x.dtype)
 
 
 def build_mutants() -> list[Mutant]:
@@ -378,4 +448,24 @@ def build_mutants() -> list[Mutant]:
         Mutant("fp8-block-pow2-up", "FP8 block-wise pow2 scale rounded up instead of down", {"fp8_block"} & all_formats, _fp8_block({"pow2": "ceil"})),
         Mutant("fp8-block-nan-scale", "FP8 block-wise: a tile holding NaN keeps a NaN scale (TE's frexp gives 2**-1)",
                {"fp8_block"} & all_formats, _fp8_block({"nan_scale": "nan"})),
+        Mutant("fp8-block-te-fp32-max", "FP8 block-wise te fp32 scales: an infinite scale replaced by FP32_MAX, not the input dtype's max "
+               "(TE's finfo(x_dtype).max)", {"fp8_block"} & all_formats, _fp8_block({"inf_scale": "fp32"})),
+        Mutant("mx-te-nan-amax", "MXFP8 te: the block amax propagates NaN (TE's max skips it)", {"mxfp8"} & all_formats,
+               _mx({"skip_nan": False}, only="te"), variants=frozenset({"te"})),
+        Mutant("mx-te-code0-one", "MXFP8 te: code 0 quantized with 1 (TE before its exp2f_rcp fix) instead of 2**127",
+               {"mxfp8"} & all_formats, _mx({"code0_inverse": 1.0}, only="te"), variants=frozenset({"te"})),
+        Mutant("mxfp4-te-keeps-minus-zero", "MXFP4 te: a scaled -0.0 kept as -0 (TE's cast_to_fp4x2 codes it +0)",
+               {"mxfp4"} & all_formats, _variant_step("mxfp4", "te", lambda w, **o: _mx_fq_elem(w, "te", round_to_e2m1)),
+               variants=frozenset({"te"})),
+        Mutant("deepseek-no-amax-floor", "FP8 block-wise deepseek without max(amax, 1e-4): an all-zero tile is 0/0 = NaN",
+               {"fp8_block"} & all_formats, _variant_step("fp8_block", "deepseek", _deepseek_no_floor), variants=frozenset({"deepseek"})),
+        Mutant("deepgemm-division", "FP8 block-wise deepgemm: x / sf instead of x * RN(1/sf) (differs with fp32_scale)",
+               {"fp8_block"} & all_formats, _variant_step("fp8_block", "deepgemm", _deepgemm_division), variants=frozenset({"deepgemm"})),
+        Mutant("nvfp4-te-gemm-order", "NVFP4 te dequantized RN(RN(q * ds8) * gd) (a GEMM's order), not TE's RN(q * RN(RN(ds8 * g) / 2688))",
+               {"nvfp4"}, _nvfp4({"dequant": "gemm"})),
+        Mutant("nvfp4-te-keeps-minus-zero", "NVFP4 te: a scaled -0.0 kept as -0 (TE codes it +0)", {"nvfp4"}, _nvfp4({"e2m1": round_to_e2m1})),
+        Mutant("int4-modelopt-gate-per-group", "INT4 group-wise modelopt: the zero-amax mask applied per group even where a NaN group "
+               "turns Model-Optimizer's once-per-tensor gate off",
+               {"int4_group"} & all_formats, _variant_step("int4_group", "modelopt", _int4_modelopt_gate_per_group),
+               variants=frozenset({"modelopt"})),
     ]
