@@ -23,6 +23,12 @@ others as not applicable).  Partial groups (in-features not a multiple of 128) a
 reference pads them.  NaN or Inf in a weight: Model-Optimizer's own calibration refuses it (step 1);
 this backend raises ``ValueError`` with that message, as the spec (``rejects_nan``) requires.
 ``pip install 'moe-fq-parity[modelopt]'``.
+
+``modelopt-int4-group`` is the fake-quant pass alone (step 3) on groups of ``group_size`` (32, 64 or
+128, Model-Optimizer's INT4 presets): the groups of one expert and their ``reduce_amax`` (NaN- and
+inf-propagating, no calibration to refuse them) through the public ``tensor_quant.fake_tensor_quant(x,
+amax, None, 4, False, False)``, which on a CPU tensor is ``_tensor_quant``: ``reference.int_group``
+variant ``modelopt``, NaN and inf input included.
 """
 
 from __future__ import annotations
@@ -110,3 +116,51 @@ class ModeloptInt4BlockBackend:
 
 modelopt_int4_block = ModeloptInt4BlockBackend()
 """Model-Optimizer 0.47.0 INT4 block (128 along in-features) weight quantizer on CPU."""
+
+GROUP_VARIANT = "modelopt"
+GROUP_SIZES = (32, 64, 128)
+
+
+class ModeloptInt4GroupBackend(ModeloptInt4BlockBackend):
+    """Model-Optimizer's ``fake_tensor_quant`` on the groups of each expert (module docstring)."""
+
+    name = "modelopt-int4-group"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.variants = {f: (GROUP_VARIANT,) for f in self.formats}
+        self.options = {f: {"group_size": GROUP_SIZES} for f in self.formats}
+
+    def fake_quant(self, weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], fmt: str, **options) -> list[torch.Tensor]:
+        """Each expert's groups through ``fake_tensor_quant`` with their ``reduce_amax``."""
+        opts = dict(options)
+        group = opts.pop("group_size", 128)
+        variant = opts.pop("variant", None)
+        ok, why = self.available()
+        if not ok:
+            raise RuntimeError(why)
+        if fmt not in self.formats or variant not in (None, GROUP_VARIANT) or group not in GROUP_SIZES:
+            raise ValueError(f"{self.name} runs {sorted(self.formats)}, variant {GROUP_VARIANT!r}, group_size in {GROUP_SIZES}; "
+                             f"got {fmt} variant {variant!r} group_size {group!r}")
+        if opts:
+            raise TypeError(f"{self.name} {fmt} does not take option(s) {sorted(opts)}")
+        if amax is not None:
+            raise ValueError(f"{fmt} takes no amax (its scales come from the data); pass amax=None")
+        from modelopt.torch.quantization.tensor_quant import fake_tensor_quant
+        from modelopt.torch.quantization.utils import reduce_amax
+
+        out = []
+        with torch.no_grad():
+            for w in weights:
+                if w.numel() == 0:
+                    out.append(torch.empty_like(w))
+                    continue
+                n = w.shape[-1]
+                g = torch.nn.functional.pad(w, (0, (-n) % group)).reshape(-1, group)
+                y = fake_tensor_quant(g, reduce_amax(g, axis=-1, keepdims=True), None, 4, False, False)
+                out.append(y.reshape(*w.shape[:-1], -1)[..., :n].contiguous())
+        return out
+
+
+modelopt_int4_group = ModeloptInt4GroupBackend()
+"""Model-Optimizer 0.47.0 ``fake_tensor_quant`` on INT4 groups of 32, 64 or 128 on CPU."""

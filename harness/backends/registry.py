@@ -10,6 +10,7 @@ matched which reference variant:
   quantize -> dequantize;
 * ``modelopt-mx``     -- Model-Optimizer's ``MXFP8QTensor`` / ``MXFP4QTensor`` quantize -> dequantize on CPU;
 * ``modelopt-int4-block`` -- Model-Optimizer's INT4 block weight quantizer (``int4_per_block``), max-calibrated, on CPU;
+* ``modelopt-int4-group`` -- its fake-quant pass alone on groups of 32, 64 or 128 (``fake_tensor_quant``), on CPU;
 * ``torchao``, ``torchao-ceil``, ``torchao-even``, ``torchao-rceil`` -- torchao's
   ``prototype.mx_formats`` MX quantize -> dequantize, one per ``ScaleCalculationMode`` (``torchao``:
   FLOOR, its default, and its NVFP4), on CPU.
@@ -52,6 +53,7 @@ EXTERNAL_BACKENDS: dict[str, ExternalBackend] = {
     "te-current": ExternalBackend(f"{_HERE}.te_backend:te_current", _TE),
     "modelopt-mx": ExternalBackend(f"{_HERE}.modelopt_mx_backend:modelopt_mx", _MODELOPT),
     "modelopt-int4-block": ExternalBackend(f"{_HERE}.modelopt_int4_block:modelopt_int4_block", _MODELOPT),
+    "modelopt-int4-group": ExternalBackend(f"{_HERE}.modelopt_int4_block:modelopt_int4_group", _MODELOPT),
     **{n: ExternalBackend(f"{_HERE}.torchao_backend:{n.replace('-', '_')}", _TORCHAO) for n in TORCHAO_BACKENDS},
 }
 """External backend name -> where it lives and what to install, in report order."""

@@ -18,7 +18,7 @@ MODELOPT = load("modelopt-eager")
 
 
 def test_names_cover_builtins_and_the_external_backends():
-    assert set(EXTERNAL) == {"modelopt", "modelopt-eager", "te", "te-current", "modelopt-mx", "modelopt-int4-block",
+    assert set(EXTERNAL) == {"modelopt", "modelopt-eager", "te", "te-current", "modelopt-mx", "modelopt-int4-block", "modelopt-int4-group",
                              "torchao", "torchao-ceil", "torchao-even", "torchao-rceil"}
     assert NAMES == (*BUILTINS, *EXTERNAL)
     with pytest.raises(BackendLoadError, match="modelopt-eager"):
