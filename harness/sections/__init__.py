@@ -114,6 +114,7 @@ SECTION_RUNNERS: dict[str, str] = {
     "dist": "moe_fq_parity.harness.sections.checkpoint.section:run",
     "selftest": "moe_fq_parity.harness.sections.selftest.section:run",
     "external": "moe_fq_parity.harness.sections.external.section:run",
+    "atlas": "moe_fq_parity.harness.sections.atlas:run",
 }
 """Section name -> runner.  Each runner decides what it does for a suite (smoke/ci/nightly/ultra)."""
 
