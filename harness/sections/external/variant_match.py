@@ -1,7 +1,8 @@
 """Which reference variant does a backend match bit for bit?  Run every variant, count, list.
 
-For one backend and one format, every reference variant (``reference.variants(fmt)``) is
-evaluated on the same inputs as the backend (``harness.sections.external.match_cases``) and compared
+For one backend and one format, every reference variant (``reference.variants(fmt)``; for a format
+whose scales come from tiles every variant with every bool option set, ``cases.upstream_blocks
+.variant_calls``, named like ``deepseek+fp32_scale``) is evaluated on the same inputs as the backend (``harness.sections.external.match_cases``) and compared
 element by element with ``harness.core.ulp.compare`` (value equality: ``+0 == -0``, NaN == NaN; the
 classes exact / ulp1 / tie_flip / error) and ``harness.core.bits.bits_equal`` (bit equality; NaN
 payloads counted apart).  A variant *matches* when no element differs: in value, or in the sign
@@ -45,11 +46,13 @@ from moe_fq_parity.harness.core.bits import bits_equal
 from moe_fq_parity.harness.core.ulp import CLASSES, Comparison, compare, near_tie, other_side, ulp_distance
 from moe_fq_parity.harness.sections.cli_args import at_least, json_path
 from moe_fq_parity.reference.nvfp4 import nvfp4_tie_probe
+from moe_fq_parity.cases.upstream_blocks import call_name, variant_calls
 from moe_fq_parity.reports.schema import dumps
 
 from . import FAMILIES, probes
 from .registry import load_backend
 from .match_cases import MX_RANDOM_BLOCKS, MX_SHUFFLES, Case, build_cases
+from .upstreams import RULES
 
 DEFAULT_CAP = MAX_OFFENDERS
 """Offenders listed per variant and case by default (all are counted): the harness's one cap."""
@@ -131,7 +134,8 @@ class FormatMatch:
 
     @property
     def variant_names(self) -> tuple[str, ...]:
-        return reference.variants(self.fmt)
+        """The reference rules compared (variants, or variant+option names), in order."""
+        return tuple(name for name, _ in reference_calls(self.fmt, self.options))
 
     @property
     def matched(self) -> tuple[str, ...]:
@@ -180,7 +184,25 @@ class FormatMatch:
         d["tie_flip_totals"] = {v: self.tie_flips(v) for v in self.variant_names}
         d["matched_up_to_division"] = list(self.matched_up_to_division)
         d["division_flip_totals"] = {v: self.division_flips(v) for v in self.variant_names}
+        d["upstream_rules"] = {v: list(upstream_rules(self.fmt, v, self.options)) for v in self.matched}
         return d
+
+
+def reference_calls(fmt: str, options: dict) -> list[tuple[str, dict]]:
+    """``(name, options)`` of every reference rule a backend is compared with: each variant with ``options``,
+    and for a format whose scales come from tiles each variant with every set of its bool options
+    (``variant_calls``: FP8 block-wise ``fp32_scale``), named ``variant+option``."""
+    if reference.format_spec(fmt).tiles is None:
+        return [(v, dict(options)) for v in reference.variants(fmt)]
+    return [(call_name(v, o), o) for v, o in variant_calls(fmt, options)]
+
+
+def upstream_rules(fmt: str, name: str, options: dict) -> tuple[str, ...]:
+    """The upstream rules (``upstreams.RULES`` ids) the reference rule ``name`` of ``fmt`` claims for the layout of ``options``."""
+    def layout(o) -> dict:  # the options that are not the rule's own bool choices: tile_2d, sizes
+        return {k: v for k, v in o.items() if k == "tile_2d" and v or not isinstance(v, bool)}
+
+    return tuple(r.id for r in RULES if r.fmt == fmt and call_name(r.variant, dict(r.options)) == name and layout(r.options) == layout(options))
 
 
 def _run_backend(backend: object, case: Case, fmt: str, options: dict) -> torch.Tensor:
@@ -276,8 +298,8 @@ def match_case(backend: object, case: Case, fmt: str, *, cap: int = DEFAULT_CAP,
     except Exception as exc:  # noqa: BLE001 - recorded, not swallowed: the row fails with it
         return CaseResult(case.name, case.numel, 0, (), error=f"{type(exc).__name__}: {exc}"[:500])
     results, ties = [], torch.zeros(case.numel, dtype=torch.bool)
-    for v in reference.variants(fmt):
-        expected, pre, grid_round = _reference(case, fmt, v, options)
+    for v, call in reference_calls(fmt, options):
+        expected, pre, grid_round = _reference(case, fmt, v.split("+")[0], call)
         ties |= near_tie(pre, grid_round) & torch.isfinite(pre)
         comp = compare(expected, got, pre, grid_round)
         same = bits_equal(expected, got)
@@ -318,7 +340,9 @@ def summary_lines(m: FormatMatch, *, offenders: int = 0) -> list[str]:
     up += ("; up to approximate-division flips: "
            + ", ".join(f"{v} ({m.tie_flips(v)} exact-tie, {m.division_flips(v)} near-tie)" for v in m.matched_up_to_division)
            if m.matched_up_to_division else "")
-    lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'}{up} ({m.numel} elements, {m.near_tie} near ties)"]
+    named = [f"{v} = {' / '.join(upstream_rules(m.fmt, v, m.options))}" for v in m.matched if upstream_rules(m.fmt, v, m.options)]
+    rules = f" (upstream rules: {'; '.join(named)})" if named else ""
+    lines = [f"{m.backend} {m.fmt} {m.options or ''}: matched {list(m.matched) or 'none'}{up}{rules} ({m.numel} elements, {m.near_tie} near ties)"]
     for c in m.cases:
         if c.error:
             lines.append(f"  {c.case}: backend raised {c.error}")
