@@ -78,11 +78,16 @@ def test_value_errors_from_the_kernel_flags(check, device: str) -> None:
     a = torch.ones(1, device=device)
     with pytest.raises(ValueError, match="negative input"):
         _call_and_collect(lambda c: kernels.fake_quant_experts([w], a, "int8", unsigned=True, check_values=c), check)
-    nan = torch.tensor([[0.5, float("nan")] + [0.1] * 30], dtype=BF, device=device)
-    with pytest.raises(ValueError, match="NaN input"):
-        _call_and_collect(lambda c: kernels.fake_quant_experts([nan], a, "nvfp4", check_values=c), check)
-    with pytest.raises(ValueError, match="NaN input"):
-        _call_and_collect(lambda c: kernels.fake_quant(nan.unsqueeze(0), a, "nvfp4", check_values=c), check)
+    nan = torch.tensor([[0.5, float("nan")] + [0.1] * 126], dtype=BF, device=device)
+    with pytest.raises(ValueError, match="NaN or inf input"):
+        _call_and_collect(lambda c: kernels.fake_quant_experts([nan], None, "int4_group", check_values=c), check)
+    with pytest.raises(ValueError, match="NaN or inf input"):
+        _call_and_collect(lambda c: kernels.fake_quant(nan.unsqueeze(0), None, "int4_group", check_values=c), check)
+    # NVFP4 te takes NaN input as Transformer Engine does: no error, the NaN's block is NaN, as the reference's
+    y = kernels.fake_quant_experts([nan], a, "nvfp4", check_values=check)[0]
+    kernels.raise_pending_errors()
+    want = reference.fake_quant(nan.cpu(), a.cpu(), "nvfp4")
+    assert torch.equal(y.cpu().isnan(), want.isnan()) and bool(y[0, :16].isnan().all()) and not bool(y[0, 16:].isnan().any())
 
 
 def test_checked_outputs_are_nan_where_the_input_is_bad(device: str) -> None:
