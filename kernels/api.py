@@ -15,6 +15,8 @@ where the reference raises on input values (negative input to unsigned INT, NaN 
 NaN or inf input to INT4 group-wise), the input.  ``True`` (default) never blocks the host: on a
 CUDA device the ``ValueError`` is raised by a later checked call (or
 ``kernels.raise_pending_errors()``) and the bad outputs are NaN; ``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
+An amax of another dtype than fp32 is checked in the call, in its own dtype, before its conversion
+(``kernels/amax.py``; one host sync).
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
 (``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
@@ -90,7 +92,7 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
         reject_amax(fmt, amax, x)
         a = no_amax(x.device)
     else:
-        a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4)
+        a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4, check=bool(mode))
     env.require_kernel(x.device)
     out = torch.empty_like(x)
     if x.numel():
@@ -121,19 +123,20 @@ def fake_quant_experts(
     if spec.tile_rows > 1:
         check_square_blocks(weights, spec)
     table = tables.table_for(weights, validate=lambda: _validate_list(weights))
-    a = expert_amax(spec, amax, table)
+    a = expert_amax(spec, amax, table, check=bool(mode))
     flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
     if table.total or mode:
         launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
 
 
-def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.ExpertTable) -> AmaxView:
+def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.ExpertTable, *, check: bool = False) -> AmaxView:
     """The amax view of a list launch of ``spec`` over ``table`` (``no_amax`` for a format whose
-    scales come from the data; the caller has rejected an amax for it)."""
+    scales come from the data; the caller has rejected an amax for it); ``check``: a non-fp32 amax's
+    values checked before its conversion (``kernels.amax``)."""
     if spec.from_data:
         return no_amax(table.device)
-    return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+    return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4, check=check)
 
 
 def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> None:

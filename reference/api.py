@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .formats import format_spec
-from .granularity import FROM_DATA, check_input, granularity_of
+from .granularity import FROM_DATA, amax_to_fp32, check_input, granularity_of
 from .result import FakeQuantResult
 from .ste import DEFAULT_CLIP_RULE, ste_backward
 
@@ -111,6 +111,8 @@ def fake_quant_experts(
     if amax is not None and not spec.takes_amax:
         raise ValueError(spec.granularity_problem("per_expert"))
     per = split_expert_amax(weights, amax, fmt=fmt)
+    if isinstance(amax, torch.Tensor) and amax.is_floating_point():
+        amax_to_fp32(amax)  # every expert's values at once, in the amax's own dtype: an error names the expert (and row)
     out = []
     for i, (w, a) in enumerate(zip(weights, per)):
         kw = dict(options)

@@ -72,6 +72,44 @@ def test_bad_amax_values_raise_like_the_reference(value: float, what: str, check
     assert good[0].isfinite().all()
 
 
+F64_AMAX = [
+    (-1e-50, r"amax is negative at index \({i}\) \(value -1e-50\)"),  # fp32: -0.0, which passes
+    (1e300, r"amax is 1e\+300 at index \({i}\) \(torch.float64\), beyond the largest fp32"),  # fp32: inf
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])
+def test_an_amax_is_checked_in_its_own_dtype_like_the_reference(check, device: str) -> None:
+    """fp64 amax values are checked before they are rounded to fp32, by the kernel (list and
+    stacked calls, per expert and per tensor) with the reference's own messages; a valid fp64 amax
+    (``1e-50`` rounds to +0, the zero-amax rule) gives the reference's bits."""
+    x = _w(2, 4, 16, device=device)
+    for fmt in ("nvfp4", "int8", "fp8_e4m3"):
+        for value, match in F64_AMAX:
+            for amax in (torch.tensor([value, 1.0], dtype=torch.float64, device=device), torch.tensor([1.0, value], dtype=torch.float64, device=device)):
+                match_i = match.format(i="0," if amax[0] == value else "1,")
+                for call in (lambda m, **k: m.fake_quant_experts(list(x.unbind(0)), amax, fmt, **k), lambda m, **k: m.fake_quant(x, amax, fmt, **k)):
+                    with pytest.raises(ValueError, match=match_i) as want:
+                        call(reference)
+                    with pytest.raises(ValueError, match=match_i) as got:
+                        _call_and_collect(lambda c: call(kernels, check_values=c), check)
+                    assert str(got.value) == str(want.value)
+                with pytest.raises(ValueError, match=match_i):  # the autograd entry point (QuantGroupedLinear's)
+                    _call_and_collect(lambda c: kernels.fake_quant_experts_ste(list(x.unbind(0)), amax, fmt, check_values=c), check)
+            with pytest.raises(ValueError, match=match.format(i="")):
+                _call_and_collect(lambda c: kernels.fake_quant(x, torch.tensor(value, dtype=torch.float64, device=device), fmt, check_values=c), check)
+        ok = torch.tensor([1e-50, 3.0], dtype=torch.float64, device=device)
+        assert_same_bits(kernels.fake_quant(x, ok, fmt, check_values=check), reference.fake_quant(x, ok, fmt))
+
+
+def test_unchecked_an_fp64_amax_is_read_rounded_to_fp32(device: str) -> None:
+    """``check_values=False`` checks nothing: an fp64 ``-1e-50`` is read as the fp32 ``-0.0`` it rounds
+    to (amax 0), as the documented unchecked results are."""
+    x = _w(2, 4, 16, device=device)
+    got = kernels.fake_quant(x, torch.tensor([-1e-50, 1.0], dtype=torch.float64, device=device), "int8", check_values=False)
+    assert_same_bits(got, reference.fake_quant(x, torch.tensor([0.0, 1.0], device=device), "int8"))
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])
 def test_value_errors_from_the_kernel_flags(check, device: str) -> None:
     w = torch.tensor([[0.5, -0.25, 1.0]], dtype=BF, device=device)
