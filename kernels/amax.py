@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from moe_fq_parity.reference.formats import format_spec
-from moe_fq_parity.reference.granularity import FROM_DATA, amax_to_fp32, granularity_of
+from moe_fq_parity.reference.api import reject_amax  # noqa: F401  (the reference's rule, used by the kernels' entry points)
+from moe_fq_parity.reference.granularity import amax_to_fp32
 
 
 class AmaxView(NamedTuple):
@@ -128,19 +128,3 @@ def no_amax(device: torch.device) -> AmaxView:
     if view is None:
         view = _NO_AMAX[device] = AmaxView(torch.full((1,), float("inf"), dtype=torch.float32, device=device), 0, 0, False)
     return view
-
-
-def reject_amax(fmt: str, amax: object, x: torch.Tensor | None = None) -> None:
-    """Raise as the reference does when a format whose scales come from the data gets an amax:
-    ``TypeError`` for a non-tensor, ``ValueError`` naming the granularity for a tensor (``x``: the
-    stacked input the granularity is read against; a list's amax is per expert or per channel)."""
-    if amax is None:
-        return
-    if not isinstance(amax, torch.Tensor):
-        raise TypeError(f"{fmt} takes no amax (granularity {FROM_DATA}: its scales come from the data); pass amax=None")
-    if x is not None:
-        gran = granularity_of(x, amax)
-    else:
-        gran = "per_channel" if amax.dim() == 2 else "per_expert"
-    raise ValueError(format_spec(fmt).granularity_problem(gran))
-

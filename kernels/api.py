@@ -41,6 +41,7 @@ from .amax import AmaxView, amax_for_list, amax_for_rows, amax_for_stacked, no_a
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
 from moe_fq_parity.reference.api import split_expert_amax
+from moe_fq_parity.reference.granularity import check_has_values
 
 STE_MODES = ("pass_through", "clipped")
 
@@ -152,6 +153,7 @@ def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> Non
 
 def _validate_list(weights: Sequence[torch.Tensor]) -> None:
     _, device = check_expert_list(weights)
+    check_has_values(weights[0], "weights[0]")  # one device for all: the reference's error for a meta expert
     env.require_kernel(device)
 
 
@@ -224,5 +226,6 @@ def _validate_pairs(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tenso
             raise ValueError(f"grads[{i}] shape {tuple(g.shape)} != weights[{i}] shape {tuple(w.shape)}")
     if grads[0].device != weights[0].device:
         raise ValueError(f"grads are on {grads[0].device} but weights are on {weights[0].device}")
+    check_has_values(weights[0], "weights[0]")
     if kernel:
         env.require_kernel(weights[0].device)

@@ -37,13 +37,22 @@ GRANULARITIES = AMAX_GRANULARITIES + (FROM_DATA,)
 
 
 def check_input(x: torch.Tensor) -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``x`` is a float tensor with >= 2 dims."""
+    """Raise ``TypeError``/``ValueError`` unless ``x`` is a float tensor with >= 1 dim that holds
+    values (``check_has_values``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"input dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
     if x.dim() < 1:
         raise ValueError(f"input must have at least 1 dimension, got shape {tuple(x.shape)}")
+    check_has_values(x)
+
+
+def check_has_values(t: torch.Tensor, what: str = "input") -> None:
+    """``ValueError`` for a tensor on the meta device: it has a shape but no values, so a fake quant
+    (whose result depends on the values: scales, NaN checks) cannot be computed, only guessed."""
+    if t.device.type == "meta":
+        raise ValueError(f"{what} is on the meta device: a meta tensor holds no values to fake-quantize")
 
 
 def granularity_of(x: torch.Tensor, amax: Optional[torch.Tensor]) -> str:

@@ -61,6 +61,25 @@ def test_an_amax_is_checked_in_its_own_dtype(fmt):
     assert torch.equal(R.fake_quant(w2, ok, fmt).view(torch.int16), R.fake_quant(w2, ok.float(), fmt).view(torch.int16))
 
 
+@pytest.mark.parametrize("fmt", R.FORMATS)
+def test_meta_weights_and_a_float_amax_are_refused_by_every_format(fmt):
+    """A meta tensor has no values to quantize: ``ValueError`` naming it (every format, stacked, list,
+    straight-through), never a meta result or torch's ``.item()`` error; a Python float amax is a
+    ``TypeError`` (a format without amax: ``pass amax=None``)."""
+    takes = R.format_spec(fmt).takes_amax
+    meta = torch.empty(2, 4, 32, dtype=torch.bfloat16, device="meta")
+    amax = torch.ones(2, device="meta") if takes else None
+    for call, words in [(lambda: R.fake_quant(meta, amax, fmt), "input is on the meta device"),
+                        (lambda: R.fake_quant_experts(list(meta), amax, fmt), r"weights\[0\] is on the meta device"),
+                        (lambda: R.ste_backward_experts(list(meta), amax, list(meta), "pass_through", fmt=fmt), r"weights\[0\] is on the meta"),
+                        (lambda: R.ste_backward(meta, amax, meta, "clipped"), "input is on the meta device")]:
+        with pytest.raises(ValueError, match=words):
+            call()
+    for call in (lambda: R.fake_quant(W, 1.0, fmt), lambda: R.fake_quant_experts([W], 1.0, fmt)):
+        with pytest.raises(TypeError, match="torch.Tensor" if takes else "pass amax=None"):
+            call()
+
+
 @pytest.mark.parametrize("fmt, kwargs, err, words", [
     ("int8", {"unsigned": "False"}, TypeError, "unsigned must be a bool"),
     ("nvfp4", {"block_size": True}, TypeError, "block_size"),
