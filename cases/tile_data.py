@@ -14,7 +14,7 @@ in the case dtype; the tile max is the element at the tile's first position (sig
   to the dtype, a quarter of them at exact grid fractions ``A * j / 8``.  In a square tile (``r x c``,
   ``r > 1``) the rows below the first hold values ``2**-d`` smaller, ``d`` cycling through
   ``ROW_DROPS``: each ``1 x c`` row block then has a maximum of its own, so a 1D tiling's scales differ
-  from the tile's under every scale rule (``tests/cases/test_cases.py`` checks every such case).
+  from the tile's under every scale rule (``tests/cases/test_cases.py`` checks it on every smoke case).
 * ``tile_specials`` -- tiles cycling through: all ±0; one +inf; one NaN (formats that reject NaN:
   -inf); tiny amax ``2**-127`` and ``2**-130`` (fp32 subnormal; in the dtype where it holds them);
   ``1.75 * 2**-119 = 448 * 2**-127`` and one ulp either side (Transformer Engine's code-0 edge);
