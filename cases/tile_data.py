@@ -11,7 +11,10 @@ in the case dtype; the tile max is the element at the tile's first position (sig
   1.5 = 6/4 and 1.75 = 448/256: where ``A / max`` is a power of two, the ceil / rceil / TE / DeepGEMM /
   FP8-block pow2 edge; 1.9375 and 1.75: where torchao's EVEN rounding carries, E4M3 and E2M1), ``k``
   spread over the dtype's range; the other elements are ``u * A`` (``u`` uniform in (-1, 1)) rounded
-  to the dtype, a quarter of them at exact grid fractions ``A * j / 8``.
+  to the dtype, a quarter of them at exact grid fractions ``A * j / 8``.  In a square tile (``r x c``,
+  ``r > 1``) the rows below the first hold values ``2**-d`` smaller, ``d`` cycling through
+  ``ROW_DROPS``: each ``1 x c`` row block then has a maximum of its own, so a 1D tiling's scales differ
+  from the tile's under every scale rule (``tests/cases/test_cases.py`` checks it on every smoke case).
 * ``tile_specials`` -- tiles cycling through: all ±0; one +inf; one NaN (formats that reject NaN:
   -inf); tiny amax ``2**-127`` and ``2**-130`` (fp32 subnormal; in the dtype where it holds them);
   ``1.75 * 2**-119 = 448 * 2**-127`` and one ulp either side (Transformer Engine's code-0 edge);
@@ -33,6 +36,13 @@ Shapes = list[tuple[int, int]]
 
 BOUNDARY_MANTISSAS = (1.0, 1.5, 1.75, 1.9375)
 """Tile-amax mantissas on the scale boundaries of the tiled formats' variants (module docstring)."""
+
+ROW_DROPS = (0, 3, 16, 8)
+"""Binades by which row ``j`` of a square tile lies below the tile's values (``d = ROW_DROPS[j % 4]``; row 0
+holds the tile max).  Under the tile's scale a row 3 binades down lies below E2M1's smallest normal
+(1 of 6), one 16 binades down below E4M3's (``2**-6`` of 448), so even power-of-two scales (E8M0, FP8
+block-wise pow2, UE8M0) quantize those rows differently from row blocks scaled on their own maximum;
+8 binades down is the middle ground, and any drop moves an fp32 or E4M3 block scale."""
 
 SPECIAL_TILES = ("zeros", "inf", "nan", "tiny127", "tiny130", "te_code0", "te_code0_up", "te_code0_down", "subnormal", "dtype_max",
                  "floor1e-4", "floor1e-4_up", "floor1e-4_down", "random")
@@ -68,13 +78,17 @@ def _ulp_step(a: torch.Tensor, dtype: torch.dtype, steps: torch.Tensor) -> torch
     return torch.where(steps > 0, up, torch.where(steps < 0, down, d)).to(torch.float32)
 
 
-def _fill(case: Case, gen: torch.Generator, o: int, k: int, amax_per_tile: torch.Tensor, e: int, dtype: torch.dtype) -> torch.Tensor:
-    """Elements ``u * A`` of their tile, the tile's first element ``±A``, rounded to the dtype."""
-    tid, first, _ = _tile_index(case, o, k)
+def _fill(case: Case, gen: torch.Generator, o: int, k: int, amax_per_tile: torch.Tensor, e: int, dtype: torch.dtype,
+          row_drops: bool = False) -> torch.Tensor:
+    """Elements ``u * A`` of their tile, the tile's first element ``±A``, rounded to the dtype;
+    ``row_drops``: in square tiles, ``u * A * 2**-ROW_DROPS[j % 4]`` in row ``j`` of the tile."""
+    tid, first, (r, _) = _tile_index(case, o, k)
     a = amax_per_tile[tid]
     u = torch.rand((o, k), generator=gen) * 2 - 1
     grid = (torch.randint(-8, 9, (o, k), generator=gen).to(torch.float32) / 8)
     u = torch.where(torch.rand((o, k), generator=gen) < 0.25, grid, u)
+    if row_drops and r > 1:
+        u = u * torch.pow(2.0, -torch.tensor(ROW_DROPS, dtype=torch.float32))[torch.arange(o) % r % len(ROW_DROPS)].unsqueeze(1)
     x = (u * a).to(dtype).to(torch.float32)
     x = torch.where(x.abs() > a, a * torch.sign(x), x)  # never above the tile amax after rounding
     sign = torch.where((tid + e) % 2 == 0, 1.0, -1.0)
@@ -99,7 +113,7 @@ def tile_edges(case: Case, gen: torch.Generator, shapes: Shapes, dtype: torch.dt
         steps = ((t // len(BOUNDARY_MANTISSAS) + e) % 3) - 1
         kexp = torch.randint(lo, hi + 1, (n_tiles,), generator=gen)
         a = _ulp_step(m * torch.pow(2.0, kexp.to(torch.float32)), dtype, steps)
-        values.append(_fill(case, gen, o, k, a, e, dtype) if n_tiles else torch.zeros((o, k)))
+        values.append(_fill(case, gen, o, k, a, e, dtype, row_drops=True) if n_tiles else torch.zeros((o, k)))
     return values
 
 

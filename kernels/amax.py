@@ -10,9 +10,13 @@ buffer.  Granularities (as in ``reference/granularity.py``):
 Non-fp32 float amax is converted to fp32 (exact for bf16/fp16), and a negated view (negative bit
 set) is read by value, as the reference reads it (a copy of the few amax values; the kernel reads
 memory, which holds the negated values).  An amax on another device than the weights is an error,
-not a silent copy.  Values (finite, >= 0) are checked by the forward kernel
+not a silent copy.  Values (finite, >= 0) of an fp32 amax are checked by the forward kernel
 itself (``kernels/checks.py``): the amax is read from its address on every launch, so an amax
-written in place between calls is always the one used and checked.
+written in place between calls is always the one used and checked.  A checked call (``check``)
+with an amax of another dtype checks its values before the conversion, in its own dtype, with the
+reference's rule and messages (``reference.granularity.amax_to_fp32``: an fp64 ``-1e-50`` is
+negative, not the ``-0.0`` it rounds to; an fp64 ``1e300`` does not fit fp32): one host sync, which
+an fp32 amax never costs.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from moe_fq_parity.reference.formats import format_spec
-from moe_fq_parity.reference.granularity import FROM_DATA, granularity_of
+from moe_fq_parity.reference.api import reject_amax  # noqa: F401  (the reference's rule, used by the kernels' entry points)
+from moe_fq_parity.reference.granularity import amax_to_fp32
 
 
 class AmaxView(NamedTuple):
@@ -35,7 +39,9 @@ class AmaxView(NamedTuple):
     per_channel: bool
 
 
-def _as_fp32(amax: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _as_fp32(amax: torch.Tensor, device: torch.device, check: bool) -> torch.Tensor:
+    """``amax`` as fp32 on ``device``; ``check``: the values of a non-fp32 amax checked in its own
+    dtype before the conversion (``amax_to_fp32``; an fp32 amax is checked by the kernel)."""
     if not isinstance(amax, torch.Tensor):
         raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
     if not amax.is_floating_point():
@@ -44,7 +50,9 @@ def _as_fp32(amax: torch.Tensor, device: torch.device) -> torch.Tensor:
         raise ValueError(f"amax is on {amax.device} but the input is on {device}")
     if amax.is_neg():
         amax = amax.resolve_neg()
-    return amax if amax.dtype == torch.float32 else amax.to(torch.float32)
+    if amax.dtype == torch.float32:
+        return amax
+    return amax_to_fp32(amax) if check else amax.to(torch.float32)
 
 
 def _view(a: torch.Tensor, per_channel: bool) -> AmaxView:
@@ -53,9 +61,10 @@ def _view(a: torch.Tensor, per_channel: bool) -> AmaxView:
     return AmaxView(a, a.stride(0) if a.dim() else 0, 0, False)
 
 
-def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, nvfp4: bool) -> AmaxView:
-    """``[N]`` (per expert) or ``[N, out]`` (per channel, every expert having ``out`` rows)."""
-    a = _as_fp32(amax, device)
+def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, nvfp4: bool, check: bool = False) -> AmaxView:
+    """``[N]`` (per expert) or ``[N, out]`` (per channel, every expert having ``out`` rows); ``check``: as
+    in ``_as_fp32``."""
+    a = _as_fp32(amax, device, check)
     n = len(rows)
     if a.dim() == 0 or a.shape[0] != n:
         raise ValueError(f"amax shape {tuple(a.shape)} does not give one entry per expert for N={n}")
@@ -71,12 +80,13 @@ def amax_for_list(amax: torch.Tensor, rows: list[int], device: torch.device, *, 
     raise ValueError(f"amax must be [N] or [N, out], got {tuple(a.shape)}")
 
 
-def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device, *, nvfp4: bool) -> AmaxView:
-    """amax for one tensor ``[..., out, in]`` viewed as ``[N, out, in]`` (``N`` = product of leads)."""
+def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device, *, nvfp4: bool, check: bool = False) -> AmaxView:
+    """amax for one tensor ``[..., out, in]`` viewed as ``[N, out, in]`` (``N`` = product of leads);
+    ``check``: as in ``_as_fp32``."""
     if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and amax.dim() == 1 and len(shape) == 3 \
             and amax.shape[0] == shape[0] and not amax.is_neg():  # fmt: skip
         return AmaxView(amax, amax.stride(0), 0, False)  # the usual per-expert [N] of an [N, out, in] weight, without a reshape
-    a = _as_fp32(amax, device)
+    a = _as_fp32(amax, device, check)
     s = tuple(a.shape)
     lead = tuple(shape[:-2]) if len(shape) >= 2 else ()
     n = int(torch.Size(lead).numel())
@@ -94,16 +104,17 @@ def amax_for_stacked(amax: torch.Tensor, shape: torch.Size, device: torch.device
     )
 
 
-def amax_for_rows(amax: torch.Tensor, shapes, common: int | None, device: torch.device, *, nvfp4: bool) -> AmaxView:
+def amax_for_rows(amax: torch.Tensor, shapes, common: int | None, device: torch.device, *, nvfp4: bool, check: bool = False) -> AmaxView:
     """``amax_for_list`` for a cached table whose experts are ``(rows, cols)`` ``shapes`` (``common``:
     their common row count, ``None`` if ragged): the usual amax shapes take no per-expert loop."""
     n = len(shapes)
-    a = amax if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and not amax.is_neg() else _as_fp32(amax, device)
+    fast = type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.device == device and not amax.is_neg()
+    a = amax if fast else _as_fp32(amax, device, check)
     if a.dim() == 1 and a.shape[0] == n:
         return AmaxView(a, a.stride(0), 0, False)
     if a.dim() == 2 and a.shape[0] == n and not nvfp4 and common == a.shape[1]:
         return AmaxView(a, a.stride(0), a.stride(1), True)
-    return amax_for_list(amax, [r for r, _ in shapes], device, nvfp4=nvfp4)
+    return amax_for_list(a, [r for r, _ in shapes], device, nvfp4=nvfp4)
 
 
 _NO_AMAX: dict[torch.device, AmaxView] = {}
@@ -117,19 +128,3 @@ def no_amax(device: torch.device) -> AmaxView:
     if view is None:
         view = _NO_AMAX[device] = AmaxView(torch.full((1,), float("inf"), dtype=torch.float32, device=device), 0, 0, False)
     return view
-
-
-def reject_amax(fmt: str, amax: object, x: torch.Tensor | None = None) -> None:
-    """Raise as the reference does when a format whose scales come from the data gets an amax:
-    ``TypeError`` for a non-tensor, ``ValueError`` naming the granularity for a tensor (``x``: the
-    stacked input the granularity is read against; a list's amax is per expert or per channel)."""
-    if amax is None:
-        return
-    if not isinstance(amax, torch.Tensor):
-        raise TypeError(f"{fmt} takes no amax (granularity {FROM_DATA}: its scales come from the data); pass amax=None")
-    if x is not None:
-        gran = granularity_of(x, amax)
-    else:
-        gran = "per_channel" if amax.dim() == 2 else "per_expert"
-    raise ValueError(format_spec(fmt).granularity_problem(gran))
-

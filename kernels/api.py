@@ -15,6 +15,8 @@ where the reference raises on input values (negative input to unsigned INT, NaN 
 NaN or inf input to INT4 group-wise), the input.  ``True`` (default) never blocks the host: on a
 CUDA device the ``ValueError`` is raised by a later checked call (or
 ``kernels.raise_pending_errors()``) and the bad outputs are NaN; ``"sync"`` raises in the call itself at the cost of one device sync; ``False`` checks nothing.
+An amax of another dtype than fp32 is checked in the call, in its own dtype, before its conversion
+(``kernels/amax.py``; one host sync).
 
 Host cost: the expert list's table (addresses, shapes, launch geometry) is cached
 (``tables.table_for``), so a repeated call (same weights, new amax values or not) skips the
@@ -39,6 +41,7 @@ from .amax import AmaxView, amax_for_list, amax_for_rows, amax_for_stacked, no_a
 from .formats import DEFAULT_VARIANTS, FMT_NVFP4, QuantSpec, parse_spec
 from .geometry import check_expert_list, check_stacked, expert_matrix_shape
 from moe_fq_parity.reference.api import split_expert_amax
+from moe_fq_parity.reference.granularity import check_has_values
 
 STE_MODES = ("pass_through", "clipped")
 
@@ -90,7 +93,7 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | Non
         reject_amax(fmt, amax, x)
         a = no_amax(x.device)
     else:
-        a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4)
+        a = amax_for_stacked(amax, x.shape, x.device, nvfp4=spec.code == FMT_NVFP4, check=bool(mode))
     env.require_kernel(x.device)
     out = torch.empty_like(x)
     if x.numel():
@@ -121,19 +124,20 @@ def fake_quant_experts(
     if spec.tile_rows > 1:
         check_square_blocks(weights, spec)
     table = tables.table_for(weights, validate=lambda: _validate_list(weights))
-    a = expert_amax(spec, amax, table)
+    a = expert_amax(spec, amax, table, check=bool(mode))
     flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
     if table.total or mode:
         launch.fwd_list(table, weights, flat, a, spec, check=mode)
     return outs
 
 
-def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.ExpertTable) -> AmaxView:
+def expert_amax(spec: QuantSpec, amax: torch.Tensor | None, table: tables.ExpertTable, *, check: bool = False) -> AmaxView:
     """The amax view of a list launch of ``spec`` over ``table`` (``no_amax`` for a format whose
-    scales come from the data; the caller has rejected an amax for it)."""
+    scales come from the data; the caller has rejected an amax for it); ``check``: a non-fp32 amax's
+    values checked before its conversion (``kernels.amax``)."""
     if spec.from_data:
         return no_amax(table.device)
-    return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4)
+    return amax_for_rows(amax, table.shapes, table.rows, table.device, nvfp4=spec.code == FMT_NVFP4, check=check)
 
 
 def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> None:
@@ -149,6 +153,7 @@ def check_square_blocks(weights: Sequence[torch.Tensor], spec: QuantSpec) -> Non
 
 def _validate_list(weights: Sequence[torch.Tensor]) -> None:
     _, device = check_expert_list(weights)
+    check_has_values(weights[0], "weights[0]")  # one device for all: the reference's error for a meta expert
     env.require_kernel(device)
 
 
@@ -221,5 +226,6 @@ def _validate_pairs(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tenso
             raise ValueError(f"grads[{i}] shape {tuple(g.shape)} != weights[{i}] shape {tuple(w.shape)}")
     if grads[0].device != weights[0].device:
         raise ValueError(f"grads are on {grads[0].device} but weights are on {weights[0].device}")
+    check_has_values(weights[0], "weights[0]")
     if kernel:
         env.require_kernel(weights[0].device)

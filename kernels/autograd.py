@@ -49,7 +49,7 @@ class FakeQuantExpertsFn(torch.autograd.Function):
             if spec.tile_rows > 1:
                 check_square_blocks(weights, spec)
             table = tables.table_for(weights, validate=lambda: _validate_list(weights))
-            view = expert_amax(spec, amax, table)
+            view = expert_amax(spec, amax, table, check=bool(check))
             flat, outs = tables.alloc_outputs(table, weights[0].dtype, table.device)
             if table.total or check:
                 launch.fwd_list(table, weights, flat, view, spec, check=check)

@@ -33,6 +33,11 @@ forward and clipped backward: ``docs/kernels_performance.md`` section 2.
 
 Soft gate.  While calibrating, or where the Triton kernels cannot run (no Triton, no GPU and no
 interpreter), the per-expert reference loop is used instead; it gives the same bits.
+
+Formats without amax (``mxfp8``, ``mxfp4``, ``fp8_block``, ``int4_group``: each tile's scale comes
+from its own data).  The layer holds no amax: ``weight_quantizer`` is empty, the state dict holds the
+weights (and biases) alone, ``amax_vector()`` is ``None``, the kernel and the reference loop are
+called with ``amax=None``, and calibration has nothing to observe.
 """
 
 from __future__ import annotations
@@ -65,8 +70,10 @@ class QuantGroupedLinear(nn.Module):
     """Grouped linear layer (``y_i = x_i @ fq(w_i)^T + b_i`` per expert) with weight fake quant.
 
     * ``num_gemms``, ``in_features``, ``out_features``, ``bias``, ``params_dtype``, ``device``: as TE.
-    * ``fmt``: ``int8 | int4 | fp8_e4m3 | nvfp4``; ``options`` as ``kernels.fake_quant_experts``.
-    * ``per_channel``: amax ``[out]`` per expert instead of a scalar (not for NVFP4).
+    * ``fmt``: a format of ``kernels.FORMATS`` (``int8``, ``int4``, ``fp8_e4m3``, ``nvfp4``, and the
+      formats without amax: ``mxfp8``, ``mxfp4``, ``fp8_block``, ``int4_group``, which hold no amax
+      buffers); ``options`` as ``kernels.fake_quant_experts`` (``tile_2d`` included).
+    * ``per_channel``: amax ``[out]`` per expert instead of a scalar (not for NVFP4 nor the formats without amax).
     * ``ste_mode``: ``pass_through`` (default) or ``clipped``.
     * ``backend``: ``auto`` (kernel unless calibrating or unsupported), ``kernel`` or ``reference``.
     * ``check_values``: the kernel's value checks (``True``: asynchronous, ``"sync"``, ``False``).
@@ -110,7 +117,9 @@ class QuantGroupedLinear(nn.Module):
             if bias:
                 self.register_parameter(f"bias{i}", nn.Parameter(torch.zeros(out_features, dtype=params_dtype, device=device)))
         shape = (out_features,) if per_channel else ()
-        self.weight_quantizer = nn.ModuleList([WeightAmax(shape, device) for _ in range(num_gemms)])
+        self.takes_amax = format_spec(fmt).takes_amax
+        """``False`` for a format whose scales come from the data: no amax buffers (``weight_quantizer`` empty)."""
+        self.weight_quantizer = nn.ModuleList([WeightAmax(shape, device) for _ in range(num_gemms if self.takes_amax else 0)])
         self.use_bias = bias
         self.check_values = checks.check_mode(check_values)
         self._calibrating = False
@@ -189,8 +198,11 @@ class QuantGroupedLinear(nn.Module):
             return False
         return all(map(operator.is_, bufs, rows)) and list(map(_data_ptr, bufs)) == self._row_ptrs
 
-    def amax_vector(self) -> torch.Tensor:
-        """The experts' amax as one fp32 ``[N]`` / ``[N, out]`` tensor (cached; see the module docstring)."""
+    def amax_vector(self) -> torch.Tensor | None:
+        """The experts' amax as one fp32 ``[N]`` / ``[N, out]`` tensor (cached; see the module docstring);
+        ``None`` for a format without amax."""
+        if not self.takes_amax:
+            return None
         bufs = self.amax_buffers()
         if not self._aliased(bufs):
             device = self._device() if self.num_gemms else torch.device("cpu")
@@ -216,6 +228,8 @@ class QuantGroupedLinear(nn.Module):
     def _observe_weights(self) -> None:
         from moe_fq_parity.reference import max_calibrate, update_running_amax  # soft-gate path only
 
+        if not self.takes_amax:
+            return  # scales from the data: nothing to calibrate
         gran = "per_channel" if self.per_channel else "per_tensor"
         with torch.no_grad():
             for q, w in zip(self.weight_quantizer, self.weights()):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .formats import format_spec
-from .granularity import FROM_DATA, check_input, granularity_of
+from .granularity import FROM_DATA, amax_to_fp32, check_has_values, check_input, granularity_of
 from .result import FakeQuantResult
 from .ste import DEFAULT_CLIP_RULE, ste_backward
 
@@ -36,6 +36,9 @@ def _variant_fn(x: torch.Tensor, amax: torch.Tensor, fmt: str, variant: str | No
     spec.check_options(name, options)
     if amax is None and spec.takes_amax:
         raise TypeError(spec.granularity_problem(FROM_DATA))
+    if not spec.takes_amax and amax is not None:
+        check_input(x)
+        reject_amax(fmt, amax, x)
     if amax is None or isinstance(amax, torch.Tensor):
         check_input(x)
         spec.check_granularity(granularity_of(x, amax))
@@ -63,6 +66,19 @@ def fake_quant(x: torch.Tensor, amax: Optional[torch.Tensor], fmt: str, variant:
     return fake_quant_traced(x, amax, fmt, variant, **options).out
 
 
+def reject_amax(fmt: str, amax: object, x: Optional[torch.Tensor] = None) -> None:
+    """Raise when a format whose scales come from the data (``FormatSpec.takes_amax`` false) gets an
+    amax: ``TypeError`` for anything but a tensor (the only valid amax is ``None``), ``ValueError``
+    naming the granularity for a tensor (read against ``x``, the stacked input; without ``x``, a
+    list's amax: per expert or, 2-D, per channel).  The reference and the kernels both raise this."""
+    if amax is None:
+        return
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"{fmt} takes no amax (granularity {FROM_DATA}: its scales come from the data); pass amax=None")
+    gran = granularity_of(x, amax) if x is not None else ("per_channel" if amax.dim() == 2 else "per_expert")
+    raise ValueError(format_spec(fmt).granularity_problem(gran))
+
+
 def split_expert_amax(weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], *, fmt: Optional[str] = None
                       ) -> list[Optional[torch.Tensor]]:
     """Split ``[N]`` (per expert) or ``[N, out]`` (per channel) amax into one amax per expert;
@@ -88,6 +104,13 @@ def split_expert_amax(weights: Sequence[torch.Tensor], amax: Optional[torch.Tens
     raise ValueError(f"amax must be [N] or [N, out], got {tuple(amax.shape)}")
 
 
+def _check_values_held(tensors: Sequence[object], what: str) -> None:
+    """``check_has_values`` for each tensor of an expert list, naming the expert (``weights[i]``)."""
+    for i, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor):
+            check_has_values(t, f"{what}[{i}]")
+
+
 def fake_quant_experts(
     weights: Sequence[torch.Tensor], amax: torch.Tensor, fmt: str, variant: str | None = None, **options
 ) -> list[torch.Tensor]:
@@ -108,9 +131,12 @@ def fake_quant_experts(
         raise TypeError(f"block_amax must be a list of one tensor per expert ({len(weights)}), got {type(block_amax).__name__}")
     if amax is None and spec.takes_amax:  # whether an amax is passed at all is checked even for N = 0
         raise TypeError(spec.granularity_problem(FROM_DATA))
-    if amax is not None and not spec.takes_amax:
-        raise ValueError(spec.granularity_problem("per_expert"))
+    if not spec.takes_amax:
+        reject_amax(fmt, amax)
+    _check_values_held(weights, "weights")
     per = split_expert_amax(weights, amax, fmt=fmt)
+    if isinstance(amax, torch.Tensor) and amax.is_floating_point():
+        amax_to_fp32(amax)  # every expert's values at once, in the amax's own dtype: an error names the expert (and row)
     out = []
     for i, (w, a) in enumerate(zip(weights, per)):
         kw = dict(options)
@@ -130,5 +156,9 @@ def ste_backward_experts(
     without amax (``split_expert_amax``)."""
     if len(grads) != len(weights):
         raise ValueError(f"{len(grads)} gradients for {len(weights)} experts")
+    _check_values_held(weights, "weights")
+    for i, (w, g) in enumerate(zip(weights, grads)):
+        if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.device != w.device:
+            raise ValueError(f"grads[{i}] is on {g.device} but weights[{i}] is on {w.device}")
     per = split_expert_amax(weights, amax, fmt=fmt)
     return [ste_backward(w, a, g, mode, clip_rule=clip_rule) for w, a, g in zip(weights, per, grads)]

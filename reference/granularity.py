@@ -15,7 +15,9 @@ amax 0: its sign is dropped here, so every format and variant gives for ``-0.0``
 of ``+0.0`` (an amax is a magnitude; without this NVFP4's ``2688 / -0.0 = -inf`` would turn a
 zero amax into zero outputs instead of the zero-amax rule).  Zero and tiny amax are defined per
 format (see each format's numeric contract).  amax of any float dtype is converted to
-fp32 (exact for bf16/fp16).
+fp32 (exact for bf16/fp16; fp64 rounds to nearest) by ``amax_to_fp32``, which checks the values in
+the amax's own dtype first: an fp64 ``-1e-50`` is negative (not the ``-0.0`` it rounds to), and a
+finite fp64 beyond fp32's range (``1e300``) is refused as such (not as "infinite").
 """
 
 from __future__ import annotations
@@ -35,13 +37,22 @@ GRANULARITIES = AMAX_GRANULARITIES + (FROM_DATA,)
 
 
 def check_input(x: torch.Tensor) -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``x`` is a float tensor with >= 2 dims."""
+    """Raise ``TypeError``/``ValueError`` unless ``x`` is a float tensor with >= 1 dim that holds
+    values (``check_has_values``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"input dtype must be one of {FLOAT_DTYPES}, got {x.dtype}")
     if x.dim() < 1:
         raise ValueError(f"input must have at least 1 dimension, got shape {tuple(x.shape)}")
+    check_has_values(x)
+
+
+def check_has_values(t: torch.Tensor, what: str = "input") -> None:
+    """``ValueError`` for a tensor on the meta device: it has a shape but no values, so a fake quant
+    (whose result depends on the values: scales, NaN checks) cannot be computed, only guessed."""
+    if t.device.type == "meta":
+        raise ValueError(f"{what} is on the meta device: a meta tensor holds no values to fake-quantize")
 
 
 def granularity_of(x: torch.Tensor, amax: Optional[torch.Tensor]) -> str:
@@ -77,6 +88,21 @@ def check_amax_values(amax: torch.Tensor) -> None:
             raise ValueError(f"amax is {what} at index {idx} (value {float(amax[idx])}); amax must be finite and >= 0")
 
 
+def amax_to_fp32(amax: torch.Tensor) -> torch.Tensor:
+    """``amax`` (a float tensor) as fp32, its values checked first in its own dtype
+    (``check_amax_values``), then, for fp64, that none overflows fp32 (``ValueError`` naming the first
+    index; bf16 and fp16 always fit).  Used by the reference and the kernels alike."""
+    check_amax_values(amax)
+    if amax.dtype == torch.float32:
+        return amax
+    a = amax.to(torch.float32)
+    if amax.dtype == torch.float64 and amax.numel() and bool(torch.isinf(a).any()):
+        idx = tuple(int(i) for i in torch.nonzero(torch.isinf(a))[0].tolist())
+        raise ValueError(f"amax is {float(amax[idx])} at index {idx} ({amax.dtype}), beyond the largest fp32 "
+                         f"({torch.finfo(torch.float32).max}); amax must be finite and >= 0 in fp32")
+    return a
+
+
 def broadcast_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """Validate ``amax`` against ``x`` and return it as fp32, shaped to broadcast over ``x``.
 
@@ -91,9 +117,7 @@ def broadcast_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     if amax.device != x.device:
         raise ValueError(f"amax is on {amax.device} but the input is on {x.device}")
     gran = granularity_of(x, amax)
-    a = amax.to(torch.float32)
-    check_amax_values(a)
-    a = a.abs()  # -0.0 -> +0.0 (see the module docstring); every other valid value is unchanged
+    a = amax_to_fp32(amax).abs()  # -0.0 -> +0.0 (see the module docstring); every other valid value is unchanged
     if gran == "per_tensor":
         return a.reshape((1,) * x.dim())
     return a.reshape(tuple(a.shape) + (1,) * (x.dim() - a.dim()))

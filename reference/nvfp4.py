@@ -116,7 +116,7 @@ import torch
 
 from .constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_NORMAL_EXP, FP32_MAX, NVFP4_BLOCK, NVFP4_GLOBAL_SCALE_NUM, TINY_AMAX
 from .fp8_e4m3 import cuda_core
-from .granularity import broadcast_amax, check_amax_values, from_tiles, to_tiles
+from .granularity import amax_to_fp32, broadcast_amax, from_tiles, to_tiles
 from .result import FakeQuantResult
 from .rounding import fp32_scalar_like, round_to_e2m1, round_to_e2m1_te, round_to_e4m3, to_output_dtype
 
@@ -251,9 +251,8 @@ def nvfp4_modelopt_static(
             raise TypeError(f"block_amax must be a torch.Tensor, got {type(block_amax).__name__}")
         if tuple(block_amax.shape) != expected:
             raise ValueError(f"block_amax shape {tuple(block_amax.shape)} != expected {expected}")
-        bamax = block_amax.to(device=xf.device, dtype=torch.float32)
-        try:
-            check_amax_values(bamax)  # the amax policy: finite and >= 0, block amax included
+        try:  # the amax policy, checked in block_amax's own dtype: finite and >= 0, block amax included
+            bamax = amax_to_fp32(block_amax.to(xf.device))
         except ValueError as exc:
             raise ValueError(f"block_amax: {exc}") from None
     sc = static_block_scales(bamax, g.squeeze(-1)).unsqueeze(-1)

@@ -127,21 +127,81 @@ PASS_MAX_ULP = {"strict": 0, "1-ulp": 1}
 ``harness.core.tolerances.MAX_ULP``, which the harness decides with; a test keeps them equal)."""
 FAILING_CLASSES = ("error", "tie_flip", "nan_bits")
 """Element classes that fail a comparison in every mode (``harness.core.ulp.Comparison.passes``)."""
+EVERY_ELEMENT_CHECKS = ("forward", "backward.pass_through", "backward.clipped")
+"""Checks that compare every element of the case: a pass of one counts ``numel`` elements, or none
+where the spec rejects the input and the backend rejected it too (NVFP4 NaN input)."""
+NO_VERDICT = {"oom": "it ran out of memory", "crash": "its worker died", "timeout": "its backend call timed out"}
+"""Why a record of each outcome but ``checked`` has no parity verdict and fails (``harness.core.records.OUTCOMES``)."""
+CASE_ID = re.compile(r"(?P<fmt>[^./|]+)\.[^/]+/[^/]+/[^/]+/N(?P<n>[0-9]+)/(?P<out>[0-9]+)x(?P<inn>[0-9]+)(?=[./+])")
+"""What a report reads from a record's ``case_id``: its format, expert count and largest expert, the
+head of ``{fmt}.{variant}[+opt..]/{granularity}/{layout}/N{n}/{out}x{in}[.{dtype}][+e{empty}]/...``
+(the grammar of ``cases.case``; ``tests/harness/test_gate.py`` keeps the two in step)."""
+
+
+def _case_id_problems(r: dict[str, Any]) -> list[str]:
+    """Where ``fmt``, ``n`` and ``numel`` contradict the case id (every case has a non-empty expert,
+    none larger than the id's ``out x in``)."""
+    m = CASE_ID.match(r["case_id"])
+    if m is None:
+        return [f"case_id {r['case_id']!r} is not a case id ({{fmt}}.{{variant}}/{{granularity}}/{{layout}}/N{{n}}/{{out}}x{{in}}/...)"]
+    out = []
+    if r["fmt"] != m["fmt"]:
+        out.append(f"fmt {r['fmt']!r} contradicts the case id (format {m['fmt']!r})")
+    if r["n"] != int(m["n"]):
+        out.append(f"n {r['n']} contradicts the case id (N{m['n']})")
+    most = int(m["n"]) * int(m["out"]) * int(m["inn"])
+    if not 1 <= r["numel"] <= most:
+        out.append(f"numel {r['numel']} contradicts the case id (1 to {most}: N{m['n']} experts of at most {m['out']}x{m['inn']})")
+    return out
+
+
+def _count_problems(r: dict[str, Any]) -> list[str]:
+    """Where the element counts contradict ``numel`` or each other: a negative count, more elements
+    compared than the case has, a pass of an every-element check that counted some but not all,
+    per-expert entries of an expert outside ``0..n-1`` or named twice, whose counts do not add up to
+    their own ``numel`` or, class by class, to the record's counts."""
+    counts, out = r["counts"], []
+    negative = [f"{k} {v}" for k, v in counts.items() if v < 0] + [f"expert {e['expert']} {k} {v}" for e in r["per_expert"]
+                                                                  for k, v in e["counts"].items() if v < 0]
+    if negative:
+        return [f"negative counts ({', '.join(negative)})"]
+    compared = sum(counts.values())
+    if compared > r["numel"]:
+        out.append(f"counts {compared} elements, more than its numel {r['numel']}")
+    elif r["verdict"] == "pass" and r["check"] in EVERY_ELEMENT_CHECKS and compared not in (0, r["numel"]):
+        out.append(f"verdict pass of {r['check']} (which compares every element or, where the spec rejects the input, none) counts "
+                   f"{compared} of its numel {r['numel']} elements")
+    experts = [e["expert"] for e in r["per_expert"]]
+    if len(set(experts)) != len(experts) or not all(0 <= i < r["n"] for i in experts):
+        out.append(f"per_expert names experts {experts} (N{r['n']}: 0 to {r['n'] - 1}, each at most once)")
+    for e in r["per_expert"]:
+        if sum(e["counts"].values()) != e["numel"]:
+            out.append(f"per_expert expert {e['expert']} counts {sum(e['counts'].values())} elements of its numel {e['numel']}")
+    if experts:
+        summed = {k: sum(e["counts"].get(k, 0) for e in r["per_expert"]) for k in {*counts, *(k for e in r["per_expert"] for k in e["counts"])}}
+        if any(summed[k] != counts.get(k, 0) for k in summed):
+            out.append(f"per_expert counts add up to {dict(sorted(summed.items()))}, not the record's {dict(sorted(counts.items()))}")
+    return out
 
 
 def record_problems(r: dict[str, Any]) -> list[str]:
     """Why record ``r`` (a schema-valid ``records[]`` entry) contradicts itself; empty when it does not.
 
-    The key must be ``case_id|backend|check``; an ``oom`` record fails; a ``pass`` may not count an
-    element of a failing class, a NaN/inf disagreement, more than ``PASS_MAX_ULP[mode]`` ULP (max or
-    histogram), a sign-of-zero difference under ``strict``, or list an offender that such a count
-    would have produced (under ``strict`` any offender)."""
+    The key must be ``case_id|backend|check``; ``fmt``, ``n`` and ``numel`` must agree with the case id
+    (``_case_id_problems``) and the counts with ``numel`` and each other (``_count_problems``); an
+    ``oom``, ``crash`` or ``timeout`` record fails; a ``pass`` may not count an element of a failing
+    class, a NaN/inf disagreement, more than ``PASS_MAX_ULP[mode]`` ULP (max or histogram), a
+    sign-of-zero difference under ``strict``, or list an offender that such a count would have
+    produced (under ``strict`` any offender)."""
     out = []
     key = f"{r['case_id']}|{r['backend']}|{r['check']}"
     if r["key"] != key:
         out.append(f"key {r['key']!r} is not case_id|backend|check ({key!r})")
-    if r.get("outcome") == "oom" and r["verdict"] != "fail":
-        out.append(f"outcome oom with verdict {r['verdict']!r} (out of memory always fails)")
+    out += _case_id_problems(r) + _count_problems(r)
+    outcome = r.get("outcome", "checked")
+    if outcome != "checked" and r["verdict"] != "fail":
+        why = NO_VERDICT.get(outcome, "not checked")
+        out.append(f"outcome {outcome} with verdict {r['verdict']!r} ({why}: there is no parity verdict, the record fails)")
     if r["verdict"] != "pass":
         return out
     limit = PASS_MAX_ULP[r["mode"]]

@@ -145,15 +145,18 @@ def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
     Any write that changes an element's bits changes it (up to a 2**-64 chance per write pattern).
     Cost: one read of the tensors and one device synchronisation per call, whatever the number of
     tensors (small ones, up to ``_SMALL`` elements, are summed in batches of ``_BATCH`` elements:
-    about 6 launches per batch); memory: an int64 temporary of at most ``_BATCH`` elements, or of a
+    about 6 launches per batch), and host work linear in the number of tensors (about 30 us a
+    tensor on a 2-CPU host: 0.6 s for 20,000 one-element ones); memory: an int64 temporary of at most ``_BATCH`` elements, or of a
     large tensor's ``numel / 8``, at a time.
     """
     heads: list = []
     sums: list[Optional[torch.Tensor]] = [None] * len(tensors)
     pending: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    pending_numel: dict[tuple, int] = {}  # elements in each pending batch, kept as it grows (linear in the tensor count)
 
     def flush(key: tuple) -> None:
         batch = pending.pop(key, [])
+        pending_numel.pop(key, None)
         if batch:
             out = _batch_sums([f for _, f in batch])
             for k, (i, _) in enumerate(batch):
@@ -169,11 +172,10 @@ def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> tuple:
             sums[i] = _large_sum(flat)
             continue
         key = (flat.device, flat.dtype)
-        batch = pending.setdefault(key, [])
-        if batch and sum(f.numel() for _, f in batch) + flat.numel() > _BATCH:
+        if pending.get(key) and pending_numel[key] + flat.numel() > _BATCH:
             flush(key)
-            batch = pending.setdefault(key, [])
-        batch.append((i, flat))
+        pending.setdefault(key, []).append((i, flat))
+        pending_numel[key] = pending_numel.get(key, 0) + flat.numel()
     for key in list(pending):
         flush(key)
     values: list[Optional[int]] = [None] * len(tensors)

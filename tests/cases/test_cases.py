@@ -241,3 +241,31 @@ def test_ci_reaches_every_multi_tile_path():
         ragged = [c for c in ci if c.fmt == fmt and c.layout == "ragged"
                   and any(len({rt * ct for rt, ct in t}) > 1 for t, _, _ in _kernel_tiles([s for s in c.expert_shapes if s[0]], fmt, False).values())]
         assert ragged, f"ci has no ragged {fmt} case whose experts take different numbers of tiles"
+
+
+def _flip(options: dict, name: str) -> dict:
+    """``options`` with ``name`` flipped: a bool negated, any other value back to the format's default."""
+    value = options[name]
+    rest = {k: v for k, v in options.items() if k != name}
+    return rest | {name: not value} if isinstance(value, bool) else rest
+
+
+def test_every_smoke_option_changes_the_bits():
+    """Each smoke case that sets a format option (any option the registry lets a case carry:
+    ``tile_2d``, ``fp32_scale``, ...) gives other reference bits with that option flipped, so a
+    backend that ignores the option fails smoke (1D blocks for a 2D case: 128x128 tiles whose 1x128
+    rows share one scale used to give identical bits)."""
+    from moe_fq_parity.harness.core.bits import bits_equal
+
+    same, checked = [], set()
+    for c in suite("smoke"):
+        inp = make_inputs(c)
+        for name in c.option_dict:
+            want = reference.fake_quant_experts(inp.weights, inp.amax, c.fmt, c.variant, **c.option_dict)
+            other = reference.fake_quant_experts(inp.weights, inp.amax, c.fmt, c.variant, **_flip(c.option_dict, name))
+            if all(bool(bits_equal(a, b).all()) for a, b in zip(want, other)):
+                same.append(f"{c.id}: {name}")
+            checked.add((c.fmt, name))
+    assert not same, f"smoke cases whose bits do not depend on the option: {same}"
+    two_d = {f for f in reference.FORMATS if reference.format_spec(f).option("tile_2d") is not None}
+    assert {(f, "tile_2d") for f in two_d} <= checked, "a format with 2D tiles has no 2D smoke case"

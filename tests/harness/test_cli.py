@@ -112,6 +112,8 @@ def test_compare_flags_regressions(tmp_path, capsys):
     worse = copy.deepcopy(old)
     rec = worse["records"][0]
     rec["counts"] = {"exact": rec["numel"] - 1, "ulp1": 1, "tie_flip": 0, "error": 0}
+    first = rec["per_expert"][0]["counts"]  # the experts' counts add up to the record's (else refused)
+    first.update(exact=first["exact"] - 1, ulp1=first.get("ulp1", 0) + 1)
     rec["max_ulp"] = 1
     rec["mode"] = "1-ulp"  # a pass with a 1-ULP element (under strict that record would contradict itself: refused)
     rec["perf"] = None

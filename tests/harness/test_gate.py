@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from moe_fq_parity.harness.run.cli import main
+from moe_fq_parity.cases import suite
 from moe_fq_parity.harness.run.diff import MAX_LISTED, diff_reports, format_diff
 from moe_fq_parity.reports.merge import MergeError, merge_reports
-from moe_fq_parity.reports.schema import load
+from moe_fq_parity.reports.schema import check_consistency, load
 
 BROKEN = "tests.harness.broken_backends"
 ONE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
@@ -86,31 +87,97 @@ def _offender(cls: str) -> dict:
     return {"expert": 0, "row": 0, "col": 1, "input": 0.5, "expected": 0.5, "got": 0.5078125, "pre_round": 63.5, "ulp": 1, "cls": cls}
 
 
+def _move(r: dict, cls: str, k: int = 1) -> None:
+    """Recount ``k`` exact elements of ``r`` as ``cls``, in the record and in its first expert."""
+    for c in (r["counts"], r["per_expert"][0]["counts"]):
+        c.update({"exact": c["exact"] - k, cls: c.get(cls, 0) + k})
+
+
+def _fewer(r: dict) -> None:
+    """One element fewer compared, in the counts and in expert 0's numel (consistent but for the total)."""
+    _move(r, "exact", 0)
+    r["counts"]["exact"] -= 1
+    r["per_expert"][0]["counts"]["exact"] -= 1
+    r["per_expert"][0]["numel"] -= 1
+
+
 INCONSISTENT = {
-    "error count": (lambda r: r["counts"].update(error=1, exact=r["counts"]["exact"] - 1), "error 1"),
-    "tie flip": (lambda r: r["counts"].update(tie_flip=2), "tie_flip 2"),
-    "nan bits": (lambda r: r["counts"].update(nan_bits=1), "nan_bits 1"),
-    "ulp1 under strict": (lambda r: r["counts"].update(ulp1=1), "ulp1 1"),
-    "max ulp": (lambda r: r.update(max_ulp=3), "max_ulp 3"),
-    "histogram": (lambda r: r.update(histogram=[0, 0, 4] + [0] * 6), "4 histogram entries above 0 ULP"),
-    "signed zero": (lambda r: r.update(signed_zero=1), "signed_zero 1"),
-    "nan mismatch": (lambda r: r.update(nan_mismatch=1), "nan_mismatch 1"),
-    "offender": (lambda r: r["offenders"].append(_offender("ulp1")), "1 offenders"),
-    "oom pass": (lambda r: r.update(outcome="oom"), "outcome oom with verdict 'pass'"),
-    "key": (lambda r: r.update(key=r["key"] + "x"), "is not case_id|backend|check"),
+    "error count": (lambda r: _move(r, "error"), "error 1", 1),
+    "tie flip": (lambda r: _move(r, "tie_flip", 2), "tie_flip 2", 1),
+    "nan bits": (lambda r: _move(r, "nan_bits"), "nan_bits 1", 1),
+    "ulp1 under strict": (lambda r: _move(r, "ulp1"), "ulp1 1", 1),
+    "max ulp": (lambda r: r.update(max_ulp=3), "max_ulp 3", 1),
+    "histogram": (lambda r: r.update(histogram=[0, 0, 4] + [0] * 6), "4 histogram entries above 0 ULP", 1),
+    "signed zero": (lambda r: r.update(signed_zero=1), "signed_zero 1", 1),
+    "nan mismatch": (lambda r: r.update(nan_mismatch=1), "nan_mismatch 1", 1),
+    "offender": (lambda r: r["offenders"].append(_offender("ulp1")), "1 offenders", 1),
+    "oom pass": (lambda r: r.update(outcome="oom"), "outcome oom with verdict 'pass'", 1),
+    "crash pass": (lambda r: r.update(outcome="crash"), "outcome crash with verdict 'pass' (its worker died", 1),
+    "timeout pass": (lambda r: r.update(outcome="timeout"), "outcome timeout with verdict 'pass'", 1),
+    "key": (lambda r: r.update(key=r["key"] + "x"), "is not case_id|backend|check", 1),
+    "fmt": (lambda r: r.update(fmt="int4"), "fmt 'int4' contradicts the case id (format 'int8')", 1),
+    "n": (lambda r: r.update(n=5), "n 5 contradicts the case id (N4)", 1),
+    "numel 0": (lambda r: r.update(numel=0), "numel 0 contradicts the case id (1 to 1280", 2),
+    "numel below the counts": (lambda r: r.update(numel=r["numel"] - 1), "counts 1280 elements, more than its numel 1279", 1),
+    "a pass that compared fewer": (_fewer, "counts 1279 of its numel 1280", 1),
+    "per-expert counts": (lambda r: r["per_expert"][0]["counts"].update(exact=0, error=r["per_expert"][0]["counts"]["exact"]),
+                          "per_expert counts add up to", 1),
+    "per-expert numel": (lambda r: r["per_expert"][1].update(numel=1), "per_expert expert 1 counts 320 elements of its numel 1", 1),
+    "expert index": (lambda r: r["per_expert"][3].update(expert=4), "per_expert names experts [0, 1, 2, 4] (N4: 0 to 3", 1),
+    "negative count": (lambda r: r["counts"].update(exact=r["counts"]["exact"] + 1, ulp1=-1), "negative counts (ulp1 -1)", 2),
+    "case id": (lambda r: r.update(case_id="int8", key=f"int8|{r['backend']}|{r['check']}"), "case_id 'int8' is not a case id", 1),
 }
 
 
+@pytest.fixture(scope="module")
+def full_report(full) -> dict:
+    return load(full)
+
+
 @pytest.mark.parametrize("what", sorted(INCONSISTENT))
-def test_a_record_that_contradicts_its_verdict_is_refused(tmp_path, full, capsys, what):
-    mutate, message = INCONSISTENT[what]
-    report = load(full)
-    mutate(_first_pass(report))
+def test_a_record_that_contradicts_itself_is_refused(full_report, what):
+    """Each doctoring of the first passing forward record (``int8`` stacked ``N4/8x40``) is refused
+    by the consistency check of ``reports.schema.load``, naming the record and each contradiction."""
+    mutate, message, count = INCONSISTENT[what]
+    report = copy.deepcopy(full_report)
+    r = _first_pass(report)
+    assert r["case_id"] == ONE
+    mutate(r)
+    with pytest.raises(ValueError) as exc:
+        check_consistency(report)
+    assert str(exc.value).startswith(f"{count} inconsistencies: records[") and message in str(exc.value), exc.value
+
+
+def test_compare_refuses_a_doctored_report_naming_each_record(tmp_path, full, full_report, capsys):
+    """``compare`` exits 2 with one line on a report whose records were edited (a pass made a crash and
+    a timeout, per-expert counts that miss ``numel``, ``numel`` 0, a format the case id denies),
+    whether it is the new report or the baseline."""
+    report = copy.deepcopy(full_report)
+    passes = [r for r in report["records"] if r["verdict"] == "pass" and r["per_expert"]][:5]
+    passes[0]["outcome"] = "crash"
+    passes[1]["outcome"] = "timeout"
+    passes[2]["per_expert"][0]["counts"]["exact"] -= 1
+    passes[3]["numel"] = 0
+    passes[4]["fmt"] = "mxfp8"
     bad = _write(tmp_path / "bad.json", report)
-    assert main(["compare", str(full), str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "refused: 1 inconsistencies" in err and message in err, err
-    assert main(["compare", str(bad), str(full)]) == 2  # a baseline too
+    for args in ([str(full), str(bad)], [str(bad), str(full)]):
+        assert main(["compare", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refused: 7 inconsistencies" in err, err
+        for k, what in [(0, "outcome crash"), (1, "outcome timeout"), (2, "per_expert expert 0 counts"), (3, "numel 0 contradicts"),
+                        (4, "fmt 'mxfp8' contradicts")][:4]:  # the message names the first MAX_PROBLEMS (5)
+            assert f"records[{report['records'].index(passes[k])}] ({passes[k]['key']}): {what}" in err, (what, err)
+
+
+def test_case_id_facts_follow_the_case_grammar():
+    """The report's reading of a case id (``CASE_ID``) gives every ci case's format and N, and its
+    element count within the bounds the consistency check applies."""
+    from moe_fq_parity.reports.schema import CASE_ID
+
+    for c in suite("ci"):
+        m = CASE_ID.match(c.id)
+        assert m and m["fmt"] == c.fmt and int(m["n"]) == c.n, c.id
+        assert 1 <= c.numel <= int(m["n"]) * int(m["out"]) * int(m["inn"]), c.id
 
 
 def test_a_one_ulp_pass_with_one_ulp_elements_is_consistent(tmp_path, full):
@@ -118,7 +185,7 @@ def test_a_one_ulp_pass_with_one_ulp_elements_is_consistent(tmp_path, full):
     report = load(full)
     r = _first_pass(report)
     r.update(mode="1-ulp", max_ulp=1, histogram=[r["counts"]["exact"] - 1, 1] + [0] * 7)
-    r["counts"].update(exact=r["counts"]["exact"] - 1, ulp1=1)
+    _move(r, "ulp1")
     r["offenders"].append(_offender("ulp1"))
     assert load(_write(tmp_path / "ok.json", report))["records"]
 
@@ -157,7 +224,11 @@ def test_the_limits_a_pass_is_checked_against_are_the_harness_tolerances():
     from moe_fq_parity.harness.core.ulp import CLASSES
     from moe_fq_parity.reports.schema import FAILING_CLASSES, PASS_MAX_ULP
 
+    from moe_fq_parity.harness.core.records import OUTCOMES
+    from moe_fq_parity.reports.schema import NO_VERDICT
+
     assert PASS_MAX_ULP == MAX_ULP and set(FAILING_CLASSES) == set(CLASSES) - {"exact", "ulp1"}
+    assert set(NO_VERDICT) == set(OUTCOMES) - {"checked"}
 
 
 # --- compare: arguments, counts, cuts and warnings --------------------------------------------------

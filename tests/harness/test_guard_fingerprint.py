@@ -3,7 +3,11 @@ that input and only that one, for small (batched) and large (chunked) tensors al
 
 from __future__ import annotations
 
+import gc
 import random
+import signal
+import statistics
+import time
 
 import pytest
 import torch
@@ -65,3 +69,72 @@ def test_on_the_gpu_the_same_sums_as_on_the_host():
     host = guard.fingerprint(ts)
     dev = guard.fingerprint([t.cuda() for t in ts])
     assert dev[1] == host[1]
+
+
+RATIO_BOUND = 40
+"""The most N=20,000 may cost over N=1,000 (linear 20x, quadratic 400x): room for a loaded host."""
+
+
+class _Replay:
+    """A backend returning given outputs (the harness's own cost is what is timed)."""
+
+    name = "replay"
+    formats = ("int8",)
+
+    def __init__(self, outputs: list) -> None:
+        self.outputs = outputs
+
+    def fake_quant(self, weights, amax, fmt, **options):
+        return list(self.outputs)
+
+
+def _forward_check_seconds(n: int) -> float:
+    """Process seconds of the harness's per-tensor steps for one forward check of ``n`` one-element
+    experts: the input fingerprints, the backend call's guard and output validation, the comparison,
+    the summary, the record's JSON and the report's consistency check of it."""
+    from moe_fq_parity.cases import make_case
+    from moe_fq_parity.cases.inputs import CaseInputs
+    from moe_fq_parity.harness.backends import LoadedBackend
+    from moe_fq_parity.harness.checks import run_case_checks
+    from moe_fq_parity.harness.checks.common import CheckContext
+    from moe_fq_parity.harness.checks.forward import Expected
+    from moe_fq_parity.reports.schema import record_problems
+
+    case = make_case(fmt="int8", variant="cuda", granularity="per_expert", layout="stacked", n=n, shape=(1, 1), dist="zeros")
+    stacked = torch.zeros(n, 1, 1, dtype=torch.bfloat16)
+    grads = list(torch.zeros(n, 1, 1, dtype=torch.bfloat16).unbind(0))
+    inputs = CaseInputs(case, 0, list(stacked.unbind(0)), torch.zeros(n), grads, stacked)
+    outputs = [torch.zeros(1, 1, dtype=torch.bfloat16) for _ in range(n)]
+    ctx = CheckContext(LoadedBackend("replay", _Replay(outputs), True, "", "cpu"), inputs, 0, "strict", None)
+    gc.collect()
+    gc.disable()  # the collector's passes over the whole test process grow with its heap, not with the harness's work
+    try:
+        start = time.process_time()
+        (rec,) = run_case_checks(ctx, ("forward",), Expected(outputs, None))
+        problems = record_problems(rec.to_json() | {"key": rec.key})
+        seconds = time.process_time() - start
+    finally:
+        gc.enable()
+    assert rec.verdict == "pass" and rec.numel == n and not problems, (rec.message, problems)
+    return seconds
+
+
+def test_a_check_costs_time_linear_in_the_expert_count():
+    """20x the experts cost at most 40x the process time (linear: 20x; the fingerprint's batch sum,
+    re-added for every tensor, made it about 600x: 350 s for N=20,000).  The small case is the median
+    of three runs after a warm-up; past the bound the large one is stopped by a CPU-time alarm."""
+    _forward_check_seconds(1000)
+    small = statistics.median(_forward_check_seconds(1000) for _ in range(3))
+    bound = RATIO_BOUND * small
+
+    def too_slow(signum, frame):
+        raise TimeoutError(f"N=20,000 took more than {RATIO_BOUND}x N=1,000's {small:.3f} s of CPU time")
+
+    old = signal.signal(signal.SIGPROF, too_slow)
+    signal.setitimer(signal.ITIMER_PROF, bound + 1.0)  # a margin for the case's set-up
+    try:
+        large = _forward_check_seconds(20_000)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+    assert large < bound, f"N=20,000: {large:.2f} s, N=1,000: {small:.3f} s: {large / small:.0f}x (linear: 20x)"

@@ -42,6 +42,44 @@ def test_bad_amax_values_are_value_errors(amax):
         R.fake_quant(W, torch.tensor(amax), "int8")
 
 
+@pytest.mark.parametrize("fmt", [f for f in R.FORMATS if R.format_spec(f).takes_amax])
+def test_an_amax_is_checked_in_its_own_dtype(fmt):
+    """fp64 amax: the sign and range are checked before the rounding to fp32 (``-1e-50`` and
+    ``-1e-60`` round to ``-0.0``, which passes; a finite ``1e300`` rounds to inf), per tensor, per
+    expert and per expert list; a valid fp64 amax gives the bits of its fp32 rounding."""
+    f64 = torch.float64
+    w2 = torch.stack([W, W])
+    for amax, call, words in [
+        (torch.tensor(-1e-50, dtype=f64), lambda a: R.fake_quant(W, a, fmt), r"amax is negative at index \(\) \(value -1e-50\)"),
+        (torch.tensor([1, -1e-60], dtype=f64), lambda a: R.fake_quant(w2, a, fmt), r"amax is negative at index \(1,\) \(value -1e-60\)"),
+        (torch.tensor([1, -1e-60], dtype=f64), lambda a: R.fake_quant_experts([W, W], a, fmt), r"amax is negative at index \(1,\)"),
+        (torch.tensor(1e300, dtype=f64), lambda a: R.fake_quant(W, a, fmt), r"amax is 1e\+300 at index \(\) \(torch.float64\), beyond the largest fp32"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            call(amax)
+    ok = torch.tensor([1e-50, 2.5], dtype=f64)
+    assert torch.equal(R.fake_quant(w2, ok, fmt).view(torch.int16), R.fake_quant(w2, ok.float(), fmt).view(torch.int16))
+
+
+@pytest.mark.parametrize("fmt", R.FORMATS)
+def test_meta_weights_and_a_float_amax_are_refused_by_every_format(fmt):
+    """A meta tensor has no values to quantize: ``ValueError`` naming it (every format, stacked, list,
+    straight-through), never a meta result or torch's ``.item()`` error; a Python float amax is a
+    ``TypeError`` (a format without amax: ``pass amax=None``)."""
+    takes = R.format_spec(fmt).takes_amax
+    meta = torch.empty(2, 4, 32, dtype=torch.bfloat16, device="meta")
+    amax = torch.ones(2, device="meta") if takes else None
+    for call, words in [(lambda: R.fake_quant(meta, amax, fmt), "input is on the meta device"),
+                        (lambda: R.fake_quant_experts(list(meta), amax, fmt), r"weights\[0\] is on the meta device"),
+                        (lambda: R.ste_backward_experts(list(meta), amax, list(meta), "pass_through", fmt=fmt), r"weights\[0\] is on the meta"),
+                        (lambda: R.ste_backward(meta, amax, meta, "clipped"), "input is on the meta device")]:
+        with pytest.raises(ValueError, match=words):
+            call()
+    for call in (lambda: R.fake_quant(W, 1.0, fmt), lambda: R.fake_quant_experts([W], 1.0, fmt)):
+        with pytest.raises(TypeError, match="torch.Tensor" if takes else "pass amax=None"):
+            call()
+
+
 @pytest.mark.parametrize("fmt, kwargs, err, words", [
     ("int8", {"unsigned": "False"}, TypeError, "unsigned must be a bool"),
     ("nvfp4", {"block_size": True}, TypeError, "block_size"),

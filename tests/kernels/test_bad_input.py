@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -70,6 +72,91 @@ def test_bad_amax_values_raise_like_the_reference(value: float, what: str, check
     good = kernels.fake_quant_experts(ws, torch.ones(2, device=device), "int8")  # nothing left pending
     kernels.raise_pending_errors()
     assert good[0].isfinite().all()
+
+
+F64_AMAX = [
+    (-1e-50, r"amax is negative at index \({i}\) \(value -1e-50\)"),  # fp32: -0.0, which passes
+    (1e300, r"amax is 1e\+300 at index \({i}\) \(torch.float64\), beyond the largest fp32"),  # fp32: inf
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])
+def test_an_amax_is_checked_in_its_own_dtype_like_the_reference(check, device: str) -> None:
+    """fp64 amax values are checked before they are rounded to fp32, by the kernel (list and
+    stacked calls, per expert and per tensor) with the reference's own messages; a valid fp64 amax
+    (``1e-50`` rounds to +0, the zero-amax rule) gives the reference's bits."""
+    x = _w(2, 4, 16, device=device)
+    for fmt in ("nvfp4", "int8", "fp8_e4m3"):
+        for value, match in F64_AMAX:
+            for amax in (torch.tensor([value, 1.0], dtype=torch.float64, device=device), torch.tensor([1.0, value], dtype=torch.float64, device=device)):
+                match_i = match.format(i="0," if amax[0] == value else "1,")
+                for call in (lambda m, **k: m.fake_quant_experts(list(x.unbind(0)), amax, fmt, **k), lambda m, **k: m.fake_quant(x, amax, fmt, **k)):
+                    with pytest.raises(ValueError, match=match_i) as want:
+                        call(reference)
+                    with pytest.raises(ValueError, match=match_i) as got:
+                        _call_and_collect(lambda c: call(kernels, check_values=c), check)
+                    assert str(got.value) == str(want.value)
+                with pytest.raises(ValueError, match=match_i):  # the autograd entry point (QuantGroupedLinear's)
+                    _call_and_collect(lambda c: kernels.fake_quant_experts_ste(list(x.unbind(0)), amax, fmt, check_values=c), check)
+            with pytest.raises(ValueError, match=match.format(i="")):
+                _call_and_collect(lambda c: kernels.fake_quant(x, torch.tensor(value, dtype=torch.float64, device=device), fmt, check_values=c), check)
+        ok = torch.tensor([1e-50, 3.0], dtype=torch.float64, device=device)
+        assert_same_bits(kernels.fake_quant(x, ok, fmt, check_values=check), reference.fake_quant(x, ok, fmt))
+
+
+def test_unchecked_an_fp64_amax_is_read_rounded_to_fp32(device: str) -> None:
+    """``check_values=False`` checks nothing: an fp64 ``-1e-50`` is read as the fp32 ``-0.0`` it rounds
+    to (amax 0), as the documented unchecked results are."""
+    x = _w(2, 4, 16, device=device)
+    got = kernels.fake_quant(x, torch.tensor([-1e-50, 1.0], dtype=torch.float64, device=device), "int8", check_values=False)
+    assert_same_bits(got, reference.fake_quant(x, torch.tensor([0.0, 1.0], device=device), "int8"))
+
+
+def _outcome(fn) -> tuple:
+    """``("ok",)`` or ``(exception type, message)`` of ``fn()``."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the outcome is what is compared
+        return type(exc), str(exc)
+    return ("ok",)
+
+
+@pytest.mark.parametrize("fmt", reference.FORMATS)
+def test_misuse_gets_one_error_type_from_the_reference_and_the_kernel(fmt: str, device: str) -> None:
+    """Meta-device weights (no values to quantize) are a ``ValueError`` naming them, for every format,
+    stacked and as a list, forward, autograd and both backwards; gradients on another device than
+    the weights a ``ValueError``; a non-tensor amax a ``TypeError`` (a format without amax: "pass
+    amax=None").  The reference and the kernel raise the same type, and here the same message."""
+    takes = reference.format_spec(fmt).takes_amax
+    meta = torch.empty(2, 8, 32, dtype=BF, device="meta")
+    real = _w(2, 8, 32, device=device)
+    amax_meta = torch.ones(2, device="meta") if takes else None
+    amax_real = torch.ones(2, device=device) if takes else None
+    calls = {
+        "stacked meta": (lambda m: m.fake_quant(meta, amax_meta, fmt), ValueError, "input is on the meta device"),
+        "list meta": (lambda m: m.fake_quant_experts(list(meta.unbind(0)), amax_meta, fmt), ValueError, r"weights\[0\] is on the meta device"),
+        "clipped meta": (lambda m: m.ste_backward_experts(list(meta.unbind(0)), amax_meta, list(meta.unbind(0)), "clipped", **_fmt(m, fmt)),
+                         ValueError, r"weights\[0\] is on the meta device"),
+        "pass-through meta": (lambda m: m.ste_backward_experts(list(meta.unbind(0)), amax_meta, list(meta.unbind(0)), "pass_through", **_fmt(m, fmt)),
+                              ValueError, r"weights\[0\] is on the meta device"),
+        "stacked clipped meta": (lambda m: m.ste_backward(meta, amax_meta, meta, "clipped"), ValueError, "input is on the meta device"),
+        "meta grads": (lambda m: m.ste_backward_experts(list(real.unbind(0)), amax_real, list(meta.unbind(0)), "clipped", **_fmt(m, fmt)),
+                       ValueError, "on meta but weights"),
+        "float amax, list": (lambda m: m.fake_quant_experts(list(real.unbind(0)), 1.0, fmt), TypeError, "pass amax=None" if not takes else "torch.Tensor"),
+        "float amax, stacked": (lambda m: m.fake_quant(real, 1.0, fmt), TypeError, "pass amax=None" if not takes else "torch.Tensor"),
+    }
+    for what, (call, exc, match) in calls.items():
+        want, got = _outcome(lambda: call(reference)), _outcome(lambda: call(kernels))
+        assert want[0] is exc and got[0] is exc and re.search(match, got[1]), (what, want, got)
+        if what != "meta grads":  # the reference names the expert (grads[0]), the kernel the list
+            assert got == want, (what, want, got)
+    with pytest.raises(ValueError, match="is on the meta device"):
+        kernels.fake_quant_experts_ste(list(meta.unbind(0)), amax_meta, fmt)
+
+
+def _fmt(module, fmt: str) -> dict:
+    """The reference's expert-list STE needs ``fmt`` for ``amax=None``; the kernel's takes none."""
+    return {"fmt": fmt} if module is reference else {}
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=["async", "sync"])

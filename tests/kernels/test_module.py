@@ -197,3 +197,37 @@ def test_quantized_weight_is_the_stacked_layers(device: str) -> None:
     assert_same_bits(list(wq.unbind(0)), _want(stk, stk.amax_vector()), case="quantized_weight")
     with pytest.raises(AttributeError, match="quantized_weights"):
         _layer(device).quantized_weight()
+
+
+NO_AMAX = [f for f in kernels.FORMATS if not reference.format_spec(f).takes_amax]
+"""The kernel's formats whose scales come from the data (MX, FP8 block-wise, INT4 group-wise)."""
+
+
+@pytest.mark.parametrize("fmt", NO_AMAX)
+def test_a_format_without_amax_holds_none_and_runs(fmt: str, device: str, stacked: bool) -> None:
+    """A layer of a format without amax holds no amax (no ``weight_quantizer`` keys in its state
+    dict, ``amax_vector()`` ``None``); its forward is the grouped linear of the reference's weights
+    for ``amax=None``, the soft gate and calibration give the same bits, and the clipped backward is
+    the reference's (a 2D-tile option where the format has one)."""
+    opts = {"tile_2d": True} if reference.format_spec(fmt).option("tile_2d") is not None else {}
+    torch.manual_seed(0)
+    layer = kernels.QuantGroupedLinear(N, IN, OUT, fmt, bias=True, device=device, stacked=stacked, ste_mode="clipped", **opts)
+    assert layer.amax_vector() is None and len(layer.weight_quantizer) == 0
+    assert sorted(layer.state_dict()) == sorted([f"weight{i}" for i in range(N)] + [f"bias{i}" for i in range(N)])
+    x = torch.randn(7, IN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(device)
+    splits = [3, 0, 4]
+    wq = reference.fake_quant_experts([w.detach() for w in layer.weights()], None, fmt, **opts)
+    want = torch.cat([F.linear(xi, w, b) for xi, w, b in zip(x.split(splits), wq, layer.biases())])
+    assert layer.use_kernel()
+    y = layer(x, splits)
+    assert_same_bits([y.detach()], [want], case=f"{fmt}/forward")
+    y.float().sum().backward()
+    grads = [w.grad.clone() for w in layer.weights()] if not stacked else list(layer.weight.grad.clone().unbind(0))
+    layer.zero_grad()
+    layer.backend = "reference"
+    layer(x, splits).float().sum().backward()
+    assert_same_bits(grads, [w.grad for w in layer.weights()] if not stacked else list(layer.weight.grad.unbind(0)), case=f"{fmt}/clipped_grad")
+    layer.backend = "auto"
+    with layer.calibrate():
+        during = layer.quantized_weights()
+    assert_same_bits(during, wq, case=f"{fmt}/calibrate")

@@ -87,3 +87,12 @@ def test_step_multiply_mutant_is_the_step_op_order():
 def test_selftest_suite_without_a_selftest_is_a_usage_error(capsys):
     assert main(["selftest", "--suite", "ultra"]) == 2
     assert "no selftest for suite 'ultra'" in capsys.readouterr().err
+
+
+def test_smoke_kills_tile_2d_ignored_on_a_2d_case_of_each_format():
+    """A backend that computes 1D blocks where ``tile_2d`` asks for square tiles dies in smoke for
+    every format with 2D tiles, on a 2D case of that format (FP8 block-wise used to survive smoke)."""
+    names = [m.name for m in build_mutants() if m.name.startswith("tile-2d-ignored-")]
+    r = runner.run_selftest("smoke", mutants=names, controls=())
+    assert len(r.mutants) >= 4 and all(m.killed for m in r.mutants), [(m.name, m.message) for m in r.mutants]
+    assert all(m.case_id.startswith(m.name.removeprefix("tile-2d-ignored-") + ".") and "+2d/" in m.case_id for m in r.mutants)

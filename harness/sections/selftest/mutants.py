@@ -400,6 +400,11 @@ def _int4_modelopt_gate_per_group(x: Tensor, *, group_size=128, **_) -> Tensor:
     return to_output_dtype(from_tiles(y, tile, tuple(x.shape)), x.dtype)
 
 
+def _ignores_tile_2d(self, weights, amax, fmt, tile_2d=False, **options):
+    """The reference with ``tile_2d`` dropped: 1D blocks where square tiles were asked for."""
+    return R.fake_quant_experts(weights, amax, fmt, **options)
+
+
 def build_mutants() -> list[Mutant]:
     """Fresh instances of every built-in mutant (fresh caches), over the formats registered now:
     the INT mutants apply to every INT format (``_int_fq`` takes its grid from the registry), the
@@ -410,6 +415,7 @@ def build_mutants() -> list[Mutant]:
     ints = {f for f in with_amax if format_spec(f).is_int}
     int_fp8 = ints | {"fp8_e4m3"}
     per_channel = {f for f in int_fp8 if "per_channel" in format_spec(f).amax_granularities}
+    two_d = {f for f in all_formats if format_spec(f).option("tile_2d") is not None}
     return [
         Mutant("scale-reciprocal", "scale computed as reciprocal(amax) * qmax (two roundings)", ints, _int_or_fp8({"scale": "reciprocal"})),
         Mutant("step-multiply", "step = amax/qmax, q = rint(x/step), y = q*step instead of the scale qmax/amax and y = q/s", ints,
@@ -443,6 +449,8 @@ def build_mutants() -> list[Mutant]:
         Mutant("e8m0-code0-as-zero", "E8M0 code 0 decoded as 0 instead of 2**-127", mx, _mx({"code0_zero": True})),
         Mutant("tile-wrong-axis", "blocks of 32 / 128 along out-features instead of in-features (1D blocks transposed)",
                mx | ({"fp8_block", "int4_group"} & all_formats), _tiles_wrong_axis),
+        *(Mutant(f"tile-2d-ignored-{f}", f"{f}: tile_2d ignored (1D blocks where square tiles were asked for)", {f}, _ignores_tile_2d)
+          for f in sorted(two_d)),  # one per format: smoke must kill it in each
         Mutant("int4-group-zero-amax-passthrough", "INT4 group-wise: a block with amax 0 passes x through (no zero-amax rule)",
                {"int4_group"} & all_formats, lambda self, weights, amax, fmt, **o: [_int4_group_fq(w, tiny="passthrough") for w in weights]),
         Mutant("fp8-block-pow2-up", "FP8 block-wise pow2 scale rounded up instead of down", {"fp8_block"} & all_formats, _fp8_block({"pow2": "ceil"})),
