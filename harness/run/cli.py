@@ -162,6 +162,22 @@ def _select_cases(args) -> tuple:
     return select(suite(args.suite), patterns=args.cases, formats=args.formats)
 
 
+REPORT_FILES = ("report.json", "report.html")
+"""What a run or a merge writes into its ``--out`` folder (``reports.writer.ReportWriter``)."""
+
+
+def overwritten_input(out: Path, inputs: Sequence[Path]) -> Optional[Path]:
+    """The first of ``inputs`` (a ``--baseline``, the reports to merge) that writing the report into
+    ``out`` would replace, or ``None``.  Paths are compared resolved, symlinks followed (a link to
+    the baseline, an ``--out`` that is a link to the baseline's folder), and as files when both exist."""
+    targets = [out / name for name in REPORT_FILES]
+    for path in inputs:
+        for target in targets:
+            if target.resolve() == path.resolve() or (target.exists() and path.exists() and os.path.samefile(target, path)):
+                return path
+    return None
+
+
 def unwritable(out: Path) -> Optional[str]:
     """Why ``out`` cannot take the report (checked before any case runs), or ``None``."""
     try:
@@ -183,6 +199,10 @@ def _cmd_run(args) -> int:
         sections = ()  # the report sections belong to suites: a run of named cases has none
     if args.baseline_subset and args.baseline is None:
         print("error: --baseline-subset compares with a baseline: give --baseline too", file=sys.stderr)
+        return 2
+    if args.baseline is not None and overwritten_input(args.out, [args.baseline]) is not None:
+        print(f"error: --out {args.out} would overwrite the --baseline file {args.baseline} with the new report: "
+              "choose another --out, or copy the baseline elsewhere first", file=sys.stderr)
         return 2
     try:  # every argument is checked before anything is written: a typo never touches an earlier report
         validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
@@ -259,6 +279,9 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_merge(args) -> int:
+    if (lost := overwritten_input(args.out, args.reports)) is not None:
+        print(f"error: --out {args.out} would overwrite the shard report {lost} with the merged one: choose another --out", file=sys.stderr)
+        return 2
     if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the merged report to {args.out}: {problem}", file=sys.stderr)
         return 2

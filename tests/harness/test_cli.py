@@ -195,3 +195,38 @@ def test_unknown_case_id_and_empty_selection(tmp_path, capsys):
     assert main(["run", "--case", "garbage", "--out", str(tmp_path)]) == 2  # a usage error, like every bad argument
     assert "not a case id" in capsys.readouterr().err
     assert main(["run", "--cases", "no-such-*", "--out", str(tmp_path)]) == 2
+
+
+def test_out_that_would_overwrite_the_baseline_is_refused_before_any_work(tmp_path, capsys):
+    """``--baseline D/report.json --out D`` (or a symlink to either) would replace the baseline with
+    the new report: a usage error before anything runs, the baseline byte for byte as it was."""
+    import os
+
+    rc, _ = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward")
+    out = tmp_path / "out"
+    base = out / "report.json"
+    before = base.read_bytes()
+    (tmp_path / "link.json").symlink_to(base)
+    (tmp_path / "outlink").symlink_to(out, target_is_directory=True)
+    for baseline, target in ((base, out), (tmp_path / "link.json", out), (base, tmp_path / "outlink"),
+                             (Path(os.path.relpath(base)), Path(os.path.relpath(tmp_path / "out" / "." / ".." / "out")))):
+        capsys.readouterr()
+        rc = main(["run", "--no-progress", "--no-sections", "--backend", "reference", "--case", ONE, "--baseline", str(baseline),
+                   "--out", str(target)])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert rc == 2 and len(err) == 1 and err[0].startswith("error: --out") and "--baseline" in err[0], (baseline, target, err)
+        assert base.read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no lock left, nothing else written
+
+
+def test_merge_out_that_would_overwrite_a_shard_report_is_refused(tmp_path, capsys):
+    cases = ["--no-sections", "--no-progress", "--backend", "reference", "--suite", "ci", "--cases", "int8.cuda/per_expert/*/N4/8x40/*",
+             "--checks", "forward"]
+    for i in (1, 2):
+        assert main(["run", *cases, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")]) == 0
+    first = tmp_path / "s1" / "report.json"
+    before = first.read_bytes()
+    capsys.readouterr()
+    assert main(["merge", str(first), str(tmp_path / "s2" / "report.json"), "--out", str(tmp_path / "s1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would overwrite the shard report" in err and first.read_bytes() == before, err
