@@ -34,7 +34,10 @@ BUILTINS: dict[str, Callable[[], object]] = {
 NAMES: tuple[str, ...] = (*BUILTINS, *EXTERNAL)
 """Every backend name ``load`` accepts, built-ins first (``list`` shows them in this order)."""
 INSTALL_HINTS: dict[str, str] = {"triton": "pip install 'moe-fq-parity[triton]' (and a CUDA GPU)", **_EXTERNAL_HINTS}
-"""What makes a named backend available, shown with its reason when it is not."""
+"""What makes a named backend available, shown with its reason when it is not (the one place that
+says it: a backend's own reason says why it cannot run, not what to install)."""
+_HINT_OF_SPEC: dict[str, str] = {EXTERNAL[name]: hint for name, hint in _EXTERNAL_HINTS.items()}
+"""The same hints for an external backend named by its ``package.module:object``."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def load(spec: str) -> LoadedBackend:
 
 
 def _load(spec: str) -> LoadedBackend:
-    hint = INSTALL_HINTS.get(spec, "")
+    hint = INSTALL_HINTS.get(spec) or _HINT_OF_SPEC.get(spec, "")
     if spec in BUILTINS:
         try:
             obj = BUILTINS[spec]()

@@ -211,7 +211,7 @@ class ModeloptBackend:
         """Importable, and on the CUDA path: a GPU (extensions are built per format: ``format_available``)."""
         tq, why = try_import(_TENSOR_QUANT)
         if tq is None:
-            return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
+            return False, why  # what to install: the registry's hint (harness.backends.registry)
         if self.path == "eager":
             return True, ""
         if not torch.cuda.is_available():
