@@ -189,10 +189,11 @@ def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeyp
 def test_list(capsys, monkeypatch):
     """Suites, cases, formats and backends.  Every backend row's columns start where the others' do
     (the longest name sets the width), and an unavailable backend names its install command once
-    (here Model-Optimizer made unimportable)."""
-    from moe_fq_parity.harness.backends import NAMES, modelopt_backend
+    (here Model-Optimizer and torchao made unimportable)."""
+    from moe_fq_parity.harness.backends import NAMES, modelopt_backend, modelopt_int4_block, modelopt_mx_backend, torchao_backend
 
-    monkeypatch.setattr(modelopt_backend, "try_import", lambda module: (None, f"import {module} failed: ModuleNotFoundError: No module named 'modelopt'"))
+    for mod in (modelopt_backend, modelopt_mx_backend, modelopt_int4_block, torchao_backend):
+        monkeypatch.setattr(mod, "try_import", lambda module: (None, f"import {module} failed: ModuleNotFoundError: No module named {module!r}"))
     assert main(["list", "--suite", "ultra"]) == 0
     out = capsys.readouterr().out
     rows = out.split("backends:")[1].splitlines()[1:]
@@ -200,8 +201,8 @@ def test_list(capsys, monkeypatch):
     kinds = {r.index(" built-in ") if " built-in " in r else r.index(" external ") for r in rows}
     states = {r.index(" available") if " available" in r else r.index(" unavailable") for r in rows}
     assert len(kinds) == 1 and len(states) == 1, "\n".join(rows)
-    eager = next(r for r in rows if r.split()[0] == "modelopt-eager")
-    assert "unavailable" in eager and eager.count("pip install") == 1, eager
+    unavailable = [r for r in rows if r.split()[0].startswith(("modelopt", "torchao"))]
+    assert len(unavailable) == 8 and all("unavailable" in r and r.count("pip install") == 1 for r in unavailable), "\n".join(unavailable)
     assert "fp8_e4m3.cuda/per_expert/stacked/N32/5120x8192/outliers/s0" in out and "backends:" in out
     assert "mxfp8.floor/from_data/stacked/N32/5120x8192/outliers@none/s0" in out
     formats = out.split("formats:")[1].split("suite ")[0]
