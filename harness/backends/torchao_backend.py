@@ -67,7 +67,7 @@ def _torchao() -> tuple[dict[str, Any], str]:
     for key, module in (("mx", _MX), ("nvfp4", _NVFP4), ("config", _CONFIG)):
         mod, why = try_import(module)
         if mod is None:
-            return {}, why  # what to install: the registry's hint (harness.backends.registry)
+            return {}, f"{why} ({INSTALL})"
         found[key] = mod
     return found, ""
 
