@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
 import sys
 import tempfile
@@ -190,17 +189,17 @@ def _select_cases(args) -> tuple:
         where = f"suite {args.suite} ({len(base)} cases; `moe-fq-parity list --suite {args.suite}` lists them)"
     globs = " ".join(repr(g) for g in args.cases)
     for pat in args.cases:
-        if not any(fnmatch.fnmatchcase(c.id, pat) for c in base):
+        if not select(base, patterns=[pat]):  # the catalogue's glob rule
             raise ValueError(f"--cases {pat!r}: matches no case id of {where}")
     for fmt in dict.fromkeys(args.formats):
-        if not any(c.fmt == fmt for c in base):
+        if not select(base, formats=[fmt]):
             raise ValueError(f"--formats {fmt}: no case of {where} has this format")
     selection = select(base, patterns=args.cases, formats=args.formats)
     for fmt in dict.fromkeys(args.formats):
-        if not any(c.fmt == fmt for c in selection):
+        if not select(selection, formats=[fmt]):
             raise ValueError(f"--formats {fmt}: no case of this format matches --cases {globs} in {where}")
     for pat in args.cases:
-        if not any(fnmatch.fnmatchcase(c.id, pat) for c in selection):
+        if not select(selection, patterns=[pat]):
             raise ValueError(f"--cases {pat!r}: matches only cases outside --formats {','.join(args.formats)} in {where}")
     kept = {c.id for c in selection}
     for cid, case in zip(args.case, base):
