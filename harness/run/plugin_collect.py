@@ -53,7 +53,7 @@ def marker_selection(config: pytest.Config, settings: ParitySettings) -> str:
     ``ci``), or, without ``-m``, the plugin's default (the slow-marked cases deselected unless a suite
     is named).  E.g. ``cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617;
     -m 'not slow')``.  Cost: the marks of the nightly catalogue, about 0.1 s."""
-    from _pytest.mark.expression import Expression  # deferred; the expression -m is compiled with
+    from _pytest.mark.expression import Expression  # pytest's own -m parser (it has no public one): the header cannot disagree with -m
 
     expr = config.getoption("markexpr", "") or ""
     compiled = Expression.compile(expr) if expr else None
