@@ -186,7 +186,7 @@ def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeyp
     assert [s["name"] for s in report["sections"]] == ["ok"] and report["meta"]["phase_s"]["sections"] >= 0
 
 
-def test_list(capsys, monkeypatch):
+def test_list(capsys, monkeypatch, request):
     """Suites, cases, formats and backends.  Every backend row's columns start where the others' do
     (the longest name sets the width), and an unavailable backend names its install command once
     (here Model-Optimizer and torchao made unimportable)."""
@@ -194,6 +194,8 @@ def test_list(capsys, monkeypatch):
 
     for mod in (modelopt_backend, modelopt_mx_backend, modelopt_int4_block, torchao_backend):
         monkeypatch.setattr(mod, "try_import", lambda module: (None, f"import {module} failed: ModuleNotFoundError: No module named {module!r}"))
+    torchao_backend._torchao.cache_clear()  # its probe is cached: an earlier test's answer would stand, and this one's must not stay
+    request.addfinalizer(torchao_backend._torchao.cache_clear)
     assert main(["list", "--suite", "ultra"]) == 0
     out = capsys.readouterr().out
     rows = out.split("backends:")[1].splitlines()[1:]
