@@ -62,6 +62,6 @@ def test_own_kernel_section_installs_the_cpu_torch_before_the_package():
     lines = [ln.split("#")[0].split() for ln in section.splitlines() if ln.startswith("pip install ")]
     ci_pin = re.search(r"pip install -q (torch==[\d.]+)\n", (REPO / ".ci" / "run").read_text()).group(1)
     first_torch = next((k for k, ln in enumerate(lines) if any(a.startswith("torch") for a in ln)), None)
-    ours = next((k for k, ln in enumerate(lines) if "moe-fq-parity" in ln), None)
+    ours = next((k for k, ln in enumerate(lines) if any(a.startswith("wheels/moe_fq_parity-") for a in ln)), None)  # the built wheel
     assert ours is not None and first_torch is not None and first_torch < ours, lines
-    assert ci_pin in lines[first_torch] and "CPU" in section.split("pip install moe-fq-parity")[0], lines
+    assert ci_pin in lines[first_torch] and "CPU" in section.split("pip install wheels/moe_fq_parity-")[0], lines

@@ -34,7 +34,10 @@ BUILTINS: dict[str, Callable[[], object]] = {
 NAMES: tuple[str, ...] = (*BUILTINS, *EXTERNAL)
 """Every backend name ``load`` accepts, built-ins first (``list`` shows them in this order)."""
 INSTALL_HINTS: dict[str, str] = {"triton": "pip install 'moe-fq-parity[triton]' (and a CUDA GPU)", **_EXTERNAL_HINTS}
-"""What makes a named backend available, shown with its reason when it is not."""
+"""What makes a named backend available, shown with its reason when it is not (a backend that says
+it in its own reason takes it from here: ``registry``)."""
+_HINT_OF_SPEC: dict[str, str] = {EXTERNAL[name]: hint for name, hint in _EXTERNAL_HINTS.items()}
+"""The same hints for an external backend named by its ``package.module:object``."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ class LoadedBackend:
 
     @property
     def why_not(self) -> str:
-        """The reason it is unavailable, with the install hint when there is one."""
-        return self.reason + (f"; to enable: {self.hint}" if self.hint else "")
+        """The reason it is unavailable, with the install hint when there is one and the reason does
+        not say it already (the Model-Optimizer and torchao backends name it in their own reason)."""
+        return self.reason + (f"; to enable: {self.hint}" if self.hint and self.hint not in self.reason else "")
 
     def to_json(self) -> dict:
         note = self.built.note() if self.built is not None else ""
@@ -81,7 +85,7 @@ def load(spec: str) -> LoadedBackend:
 
 
 def _load(spec: str) -> LoadedBackend:
-    hint = INSTALL_HINTS.get(spec, "")
+    hint = INSTALL_HINTS.get(spec) or _HINT_OF_SPEC.get(spec, "")
     if spec in BUILTINS:
         try:
             obj = BUILTINS[spec]()

@@ -40,8 +40,11 @@ from moe_fq_parity.reference.formats import format_spec
 from moe_fq_parity.reference.nvfp4 import block_amax
 
 from .quiet_imports import try_import
+from .registry import INSTALL_HINTS
 
 MODELOPT_VERSION = "0.47.0"
+INSTALL = INSTALL_HINTS["modelopt"]
+"""What makes the Model-Optimizer backends available (the registry's hint, in their reason)."""
 """The release the reference's ``modelopt`` variants were read from (docs/measured.md §5-§7); another version is reported, not refused."""
 
 _TENSOR_QUANT = "modelopt.torch.quantization.tensor_quant"
@@ -211,7 +214,7 @@ class ModeloptBackend:
         """Importable, and on the CUDA path: a GPU (extensions are built per format: ``format_available``)."""
         tq, why = try_import(_TENSOR_QUANT)
         if tq is None:
-            return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
+            return False, f"{why} ({INSTALL})"
         if self.path == "eager":
             return True, ""
         if not torch.cuda.is_available():

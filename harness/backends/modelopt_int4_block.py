@@ -40,7 +40,7 @@ import torch
 from moe_fq_parity.reference import FORMATS
 
 from .quiet_imports import try_import
-from .modelopt_backend import MODELOPT_VERSION, modelopt_version
+from .modelopt_backend import INSTALL, modelopt_version
 
 _QUANT = "modelopt.torch.quantization"
 FORMAT = "int4_group"
@@ -73,7 +73,7 @@ class ModeloptInt4BlockBackend:
     def available(self) -> tuple[bool, str]:
         """Whether Model-Optimizer's quantization package imports here, and what to install if not."""
         why = try_import(_QUANT)[1]
-        return (not why, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)" if why else "")
+        return (not why, f"{why} ({INSTALL})" if why else "")
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], fmt: str, **options) -> list[torch.Tensor]:
         """Each expert through its own calibrated quantizer; ``variant`` may be left out or be ``"eager"``."""

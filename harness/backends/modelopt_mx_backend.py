@@ -23,7 +23,7 @@ import torch
 from moe_fq_parity.reference import FORMATS
 
 from .quiet_imports import try_import
-from .modelopt_backend import MODELOPT_VERSION, modelopt_version
+from .modelopt_backend import INSTALL, modelopt_version
 from .torchao_backend import check_mx_call
 
 _QTENSOR = "modelopt.torch.quantization.qtensor"
@@ -47,7 +47,7 @@ class ModeloptMXBackend:
     def available(self) -> tuple[bool, str]:
         mod, why = try_import(_QTENSOR)
         if mod is None:
-            return False, f"{why} (pip install nvidia-modelopt=={MODELOPT_VERSION} requests huggingface_hub)"
+            return False, f"{why} ({INSTALL})"
         return True, ""
 
     def fake_quant(self, weights: Sequence[torch.Tensor], amax: Optional[torch.Tensor], fmt: str, **options) -> list[torch.Tensor]:

@@ -2,7 +2,10 @@
 
 * ``run``: run a suite (default ``smoke``) on backends (default: every built-in that is available
   here), write ``OUT/report.json`` and ``OUT/report.html`` (default ``./parity-report``); exit 0 only
-  when every check passed (1 on failures, 2 when a backend asked for is unavailable, 130 on Ctrl-C).
+  when every check passed (1 on failures, 130 on Ctrl-C).  Exit 2 on a usage error, before any work
+  and in one line naming the bad value: a value of ``--formats``, ``--backend``, ``--checks``,
+  ``--case``, ``--cases``, ``--sections`` that is none or selects no case, a backend named with
+  ``--backend`` that cannot run here, an ``--out`` whose report would replace the ``--baseline``.
 * ``run --shard i/n``: run a deterministic 1/n of the selected cases, balanced by bytes
   (``harness.run.shard``); ``merge R1 R2 ... --out DIR`` joins the shards' report.json files into one
   report.json + report.html equal to an unsharded run's (``reports.merge``; exit 2 when they are not
@@ -22,7 +25,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -45,11 +48,24 @@ from moe_fq_parity.harness.sections.selftest.runner import run_selftest
 
 from .diff import diff_reports, format_diff
 from .runner import OutDirBusy, RunConfig, out_lock, run, validate_config
-from .shard import parse_shard, select_shard
+from .shard import Shard, parse_shard, select_shard
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors are one line naming the bad value (and, for a choice, the
+    valid ones), exit 2, instead of the usage text followed by the error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _csv(text: str) -> list[str]:
-    return [t for t in (s.strip() for s in text.split(",")) if t]
+    """A comma-separated list: ``argparse.ArgumentTypeError`` on an empty item (``""``, ``"a,"``,
+    ``"a,,b"``), which would otherwise widen the selection to every value or drop a value unseen."""
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"an empty name in {text!r}: name each value (`moe-fq-parity list` shows them)")
+    return items
 
 
 def _finite_nonnegative(what: str, hint: str) -> Callable[[str], float]:
@@ -85,17 +101,18 @@ _fraction = _finite_nonnegative("a finite fraction", "0.1 = 10%")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
+    p = _Parser(prog="moe-fq-parity", description="Numerical parity harness for MoE per-expert fake quantization.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a suite and write report.json + report.html")
     r.add_argument("--suite", default="smoke", choices=SUITE_NAMES, help="case suite (default: smoke)")
-    r.add_argument("--backend", action="append", default=[], metavar="B",
+    r.add_argument("--backend", action="extend", type=_csv, default=[], metavar="B",
                    help=f"{' | '.join(NAMES)} | package.module:object (repeatable or comma-separated; default: all built-ins available here)")
-    r.add_argument("--formats", type=_csv, default=[], help=f"comma-separated formats to keep ({','.join(FORMATS)})")
+    r.add_argument("--formats", action="extend", type=_csv, default=[],
+                   help=f"comma-separated formats to keep ({','.join(FORMATS)}; repeatable)")
     r.add_argument("--cases", action="append", default=[], metavar="GLOB", help="keep cases whose id matches this glob (repeatable)")
     r.add_argument("--case", action="append", default=[], metavar="ID",
                    help="run exactly this case id (parsed, need not be in a suite; repeatable); such a run has no report sections")
-    r.add_argument("--checks", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
+    r.add_argument("--checks", action="extend", type=_csv, default=None, help=f"comma-separated subset of {','.join(CHECKS)} (repeatable)")
     r.add_argument("--mode", default="strict", choices=VERDICT_MODES, help="forward verdict: strict (0 ULP) or 1-ulp (upstream)")
     r.add_argument("--nan-bits", default=DEFAULT_NAN_BITS, choices=NAN_BITS_MODES,
                    help="NaN payload and sign: 'any' (default) does not compare them; 'strict' demands the reference's NaN bits, "
@@ -110,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     perf.add_argument("--perf", dest="perf", action="store_true", default=None, help="record timings (default: on with CUDA)")
     perf.add_argument("--no-perf", dest="perf", action="store_false")
     sec = r.add_mutually_exclusive_group()
-    sec.add_argument("--sections", type=_csv, default=None, help="comma-separated report sections (default: all)")
+    sec.add_argument("--sections", action="extend", type=_csv, default=None, help="comma-separated report sections (default: all; repeatable)")
     sec.add_argument("--no-sections", action="store_true", help="run no extra report sections")
     r.add_argument("--out", type=Path, default=Path("parity-report"), help="output directory (default ./parity-report)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -141,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--case", action="append", default=[], metavar="ID", help="only this case id (repeatable)")
     st.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ctl = st.add_mutually_exclusive_group()
-    ctl.add_argument("--backend", action="append", default=None, metavar="B",
+    ctl.add_argument("--backend", action="extend", type=_csv, default=None, metavar="B",
                      help=f"unmutated control backend to run through the same cases ({' | '.join(NAMES)} | package.module:object; "
                           "repeatable or comma-separated; default: reference and eager-loop for ci, triton for nightly)")
     ctl.add_argument("--no-controls", action="store_true", help="skip the unmutated backends")
@@ -153,13 +170,59 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _select_cases(args) -> tuple:
+    """The cases of ``--suite`` (or the ``--case`` ids) kept by ``--cases`` and ``--formats``.
+
+    ``ValueError`` naming the value, in one line, for a format that is none, and for any value that
+    selects nothing: a glob no case id matches, a format no selected case has, a ``--case`` id the
+    filters leave out.  So a typo in a list fails the run instead of narrowing it unseen."""
+    unknown = [f for f in args.formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"--formats: unknown formats {unknown}; known: {', '.join(FORMATS)}")
     if args.case:
         try:
-            picked = tuple(parse_case(cid) for cid in args.case)
+            base = tuple(parse_case(cid) for cid in args.case)
         except ValueError as exc:
             raise ValueError(f"--case: {exc}") from None
-        return select(picked, patterns=args.cases, formats=args.formats)
-    return select(suite(args.suite), patterns=args.cases, formats=args.formats)
+        where = "the --case ids"
+    else:
+        base = suite(args.suite)
+        where = f"suite {args.suite} ({len(base)} cases; `moe-fq-parity list --suite {args.suite}` lists them)"
+    globs = " ".join(repr(g) for g in args.cases)
+    for pat in args.cases:
+        if not select(base, patterns=[pat]):  # the catalogue's glob rule
+            raise ValueError(f"--cases {pat!r}: matches no case id of {where}")
+    for fmt in dict.fromkeys(args.formats):
+        if not select(base, formats=[fmt]):
+            raise ValueError(f"--formats {fmt}: no case of {where} has this format")
+    selection = select(base, patterns=args.cases, formats=args.formats)
+    for fmt in dict.fromkeys(args.formats):
+        if not select(selection, formats=[fmt]):
+            raise ValueError(f"--formats {fmt}: no case of this format matches --cases {globs} in {where}")
+    for pat in args.cases:
+        if not select(selection, patterns=[pat]):
+            raise ValueError(f"--cases {pat!r}: matches only cases outside --formats {','.join(args.formats)} in {where}")
+    kept = {c.id for c in selection}
+    for cid, case in zip(args.case, base):
+        if case.id not in kept:
+            raise ValueError(f"--case {cid}: left out by" + (f" --formats {','.join(args.formats)}" if args.formats else "")
+                             + (f" --cases {globs}" if args.cases else ""))
+    return selection
+
+
+REPORT_FILES = ("report.json", "report.html")
+"""What a run or a merge writes into its ``--out`` folder (``reports.writer.ReportWriter``)."""
+
+
+def overwritten_input(out: Path, inputs: Sequence[Path]) -> Optional[Path]:
+    """The first of ``inputs`` (a ``--baseline``, the reports to merge) that writing the report into
+    ``out`` would replace, or ``None``.  Paths are compared resolved, symlinks followed (a link to
+    the baseline, an ``--out`` that is a link to the baseline's folder), and as files when both exist."""
+    targets = [out / name for name in REPORT_FILES]
+    for path in inputs:
+        for target in targets:
+            if target.resolve() == path.resolve() or (target.exists() and path.exists() and os.path.samefile(target, path)):
+                return path
+    return None
 
 
 def unwritable(out: Path) -> Optional[str]:
@@ -173,60 +236,64 @@ def unwritable(out: Path) -> Optional[str]:
     return None
 
 
-def _cmd_run(args) -> int:
+class _RunArgs(NamedTuple):
+    sections: Optional[tuple[str, ...]]
+    specs: list[str]
+    backends: tuple
+    shard: Optional[Shard]
+    selection: tuple
+    cases: tuple
+    share: int
+    baseline: Optional[dict]
+
+
+def _checked_run_args(args) -> _RunArgs:
+    """``run``'s arguments checked and resolved, cheapest first; ``ValueError`` (one line) otherwise.
+    A backend named with ``--backend`` that cannot run here is refused now, before any case or
+    section runs (as the pytest plugin refuses it)."""
     sections = () if args.no_sections else (tuple(args.sections) if args.sections is not None else None)
     if args.case:
         if sections:
-            print("error: --sections run with a suite (their rows are per suite); --case runs the named cases only: "
-                  "drop --sections, or use --suite", file=sys.stderr)
-            return 2
+            raise ValueError("--sections run with a suite (their rows are per suite); --case runs the named cases only: "
+                             "drop --sections, or use --suite")
         sections = ()  # the report sections belong to suites: a run of named cases has none
     if args.baseline_subset and args.baseline is None:
-        print("error: --baseline-subset compares with a baseline: give --baseline too", file=sys.stderr)
-        return 2
-    try:  # every argument is checked before anything is written: a typo never touches an earlier report
-        validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    specs = [s for arg in args.backend for s in _csv(arg)]
+        raise ValueError("--baseline-subset compares with a baseline: give --baseline too")
+    if args.baseline is not None and overwritten_input(args.out, [args.baseline]) is not None:
+        raise ValueError(f"--out {args.out} would overwrite the --baseline file {args.baseline} with the new report: "
+                         "choose another --out, or copy the baseline elsewhere first")
+    if args.share_cpus is not None and args.share_cpus < 1:
+        raise ValueError(f"--share-cpus {args.share_cpus}: expected a count >= 1")
+    validate_config(tuple(args.checks or ()), sections, args.timeout, args.nan_bits, args.mode)
+    shard = parse_shard(args.shard) if args.shard is not None else None
+    selection = _select_cases(args)
+    if shard is not None and shard.count > len(selection):
+        raise ValueError(f"--shard {shard}: {len(selection)} cases are selected, so at most {len(selection)} shards "
+                         "(every shard needs a case, and merge needs every shard)")
+    cases = select_shard(selection, shard) if shard is not None else selection
+    if not cases:
+        raise ValueError(f"shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)")
+    baseline = load(args.baseline) if args.baseline is not None else None
+    specs = list(dict.fromkeys(args.backend))
     try:
         backends = tuple(load_all(specs or None))
     except BackendLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        shard = parse_shard(args.shard) if args.shard is not None else None
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        selection = _select_cases(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not selection:
-        print("error: no case matches the selection", file=sys.stderr)
-        return 2
-    if shard is not None and shard.count > len(selection):
-        print(f"error: --shard {shard}: {len(selection)} cases are selected, so at most {len(selection)} shards "
-              "(every shard needs a case, and merge needs every shard)", file=sys.stderr)
-        return 2
-    cases = select_shard(selection, shard) if shard is not None else selection
+        raise ValueError(str(exc)) from None
+    unavailable = [b for b in backends if not b.available] if specs else []
+    if unavailable:
+        raise ValueError("; ".join(f"--backend {b.spec}: unavailable here: {b.why_not}" for b in unavailable))
     share = args.share_cpus if args.share_cpus is not None else (shard.count if shard is not None else 1)
-    if share < 1:
-        print(f"error: --share-cpus {share}: expected a count >= 1", file=sys.stderr)
+    return _RunArgs(sections, specs, backends, shard, selection, cases, share, baseline)
+
+
+def _cmd_run(args) -> int:
+    """``run``: every argument is checked before any work (a usage error, exit 2, names the bad value
+    in one line and writes nothing: a typo never touches an earlier report), then the run."""
+    try:
+        sections, specs, backends, shard, selection, cases, share, baseline = _checked_run_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not cases:
-        print(f"error: shard {shard} of the {len(selection)} selected cases is empty (use fewer shards)", file=sys.stderr)
-        return 2
-    baseline = None
-    if args.baseline is not None:
-        try:
-            baseline = load(args.baseline)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
     if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the report to {args.out}: {problem}", file=sys.stderr)
         return 2
@@ -259,6 +326,9 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_merge(args) -> int:
+    if (lost := overwritten_input(args.out, args.reports)) is not None:
+        print(f"error: --out {args.out} would overwrite the shard report {lost} with the merged one: choose another --out", file=sys.stderr)
+        return 2
     if (problem := unwritable(args.out)) is not None:
         print(f"error: cannot write the merged report to {args.out}: {problem}", file=sys.stderr)
         return 2
@@ -292,10 +362,11 @@ def _cmd_list(args) -> int:
                 m = marks(c)
                 print(f"  {c.id}" + (f"  [{', '.join(m)}]" if m else ""))
     print("backends: --backend NAME, or package.module:object for your own")
+    width = max(map(len, NAMES))
     for b in load_all(NAMES):
         kind = "built-in" if b.spec in BUILTINS else "external"
         state = f"available on {b.device or '-'}" + (f" ({b.reason})" if b.reason else "") if b.available else f"unavailable: {b.why_not}"
-        print(f"  {b.spec:15} {kind:9} {state}")
+        print(f"  {b.spec:{width}} {kind:9} {state}")
     return 0
 
 
@@ -322,7 +393,7 @@ def _cmd_selftest(args) -> int:
         print(f"error: --json {args.json}: is a directory (name the JSON file)", file=sys.stderr)
         return 2
     try:
-        controls = () if args.no_controls else ([s for arg in args.backend for s in _csv(arg)] if args.backend else None)
+        controls = () if args.no_controls else (args.backend or None)
         result = run_selftest(args.suite, args.seed, mutants=args.mutant, case_ids=args.case or None, controls=controls, progress=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from moe_fq_parity.cases import marks, suite
 
 from .gpu_lease import shares_gpu
 from .plugin_options import ParitySettings, is_parity_test
+from .plugin_state import ParitySession
 from .shard import assign
 
 
@@ -46,10 +47,46 @@ def parametrize(metafunc: pytest.Metafunc, settings: ParitySettings) -> None:
         metafunc.parametrize("parity_backend", list(settings.backends), ids=list(settings.backends))
 
 
-def modify_items(config: pytest.Config, items: list[pytest.Item], settings: ParitySettings) -> None:
-    """Deselect the slow parity cases unless ``-m`` or ``--parity-suite`` chose; skip the parity tests
-    marked ``gpu`` where there is no CUDA device.  Tests that use none of the plugin's fixtures are
-    left as they are (another project's ``gpu`` marker means what that project says)."""
+def marker_selection(config: pytest.Config, settings: ParitySettings) -> str:
+    """What the markers select of the parity cases, for the session header: ``-m`` evaluated by
+    pytest's own expression rules on each case's marks (``parity`` and ``marks``, ``slow`` outside
+    ``ci``), or, without ``-m``, the plugin's default (the slow-marked cases deselected unless a suite
+    is named).  E.g. ``cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617;
+    -m 'not slow')``.  Cost: the marks of the nightly catalogue, about 0.1 s."""
+    from _pytest.mark.expression import Expression  # pytest's own -m parser (it has no public one): the header cannot disagree with -m
+
+    expr = config.getoption("markexpr", "") or ""
+    compiled = Expression.compile(expr) if expr else None
+    cases = collected_cases(settings)
+
+    def kept(ms: tuple[str, ...]) -> bool:
+        if compiled is None:
+            return settings.suite is not None or "slow" not in ms
+        names = {"parity", *ms}
+        return compiled.evaluate(lambda name, **kwargs: name in names and not kwargs)
+
+    chosen = [(c, ms) for c, ms in cases if kept(ms)]
+    rule = f"-m {expr!r}" if expr else ("no -m" if settings.suite is not None else "no -m: the plugin deselects the slow-marked, -m slow runs them")
+    if settings.suite is not None:
+        text = f"suite={settings.suite}: {len(chosen):,} of its {len(cases):,} cases ({rule})"
+    else:
+        ci = {c.id for c in suite("ci")}
+        groups = [(f"ci {sum(c.id in ci for c, _ in chosen):,} of {len(ci):,}"),
+                  (f"larger slow-marked nightly {sum(c.id not in ci for c, _ in chosen):,} of {len(cases) - len(ci):,}")]
+        text = f"cases={len(chosen):,} of {len(cases):,} ({', '.join(groups)}; {rule})"
+    gpu = sum("gpu" in ms for _, ms in chosen)
+    if gpu and not torch.cuda.is_available():
+        text += f"; {gpu:,} of them need a CUDA device (skipped here)"
+    return text
+
+
+def modify_items(config: pytest.Config, items: list[pytest.Item], state: ParitySession) -> None:
+    """Deselect the slow parity cases unless ``-m`` or ``--parity-suite`` chose, and the parity tests
+    not applicable to their backend (``deselect_not_applicable``); skip the parity tests marked
+    ``gpu`` where there is no CUDA device.  Tests that use none of the plugin's fixtures are left as
+    they are (another project's ``gpu`` marker means what that project says).  Runs after pytest's
+    own ``-m``/``-k`` selection, so the not-applicable count is that of the selected tests."""
+    settings = state.settings
     keep, drop = [], []
     explicit = bool(config.getoption("markexpr", "")) or settings.suite is not None
     cuda: Optional[bool] = None
@@ -60,14 +97,57 @@ def modify_items(config: pytest.Config, items: list[pytest.Item], settings: Pari
         if "parity_case" in item.fixturenames and not explicit and item.get_closest_marker("slow"):
             drop.append(item)
             continue
-        if item.get_closest_marker("gpu"):
+        keep.append(item)
+    keep, not_applicable = deselect_not_applicable(state, keep)
+    for item in keep:
+        if is_parity_test(item) and item.get_closest_marker("gpu"):
             cuda = torch.cuda.is_available() if cuda is None else cuda
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
-        keep.append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+    if drop or not_applicable:
+        config.hook.pytest_deselected(items=drop + not_applicable)
         items[:] = keep
+
+
+def deselect_not_applicable(state: ParitySession, items: list[pytest.Item]) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """``(kept, not applicable)``: a parity test whose check is not planned for its backend on its case
+    (``checks.plan.planned_checks``: outside the formats, variants or option values the backend
+    declares) is never a skip; it is deselected and counted in ``state.not_applicable`` (per backend
+    and reason: tests, and the cases they belong to), which the terminal summary prints
+    in one line and ``--parity-report`` keeps as the report's ``not_applicable``.  A test of the
+    user's own (no ``check`` parameter) is deselected only when no check at all is planned (a format
+    the backend does not declare); otherwise its check decides when it runs."""
+    from moe_fq_parity.harness.backends import BackendLoadError
+    from moe_fq_parity.harness.checks.plan import NotApplicable, planned_checks
+    from moe_fq_parity.harness.core.records import CHECKS
+
+    from .plugin_checks import loaded_backend
+
+    kept, dropped = [], []
+    tally: dict[tuple[str, str, str], int] = {}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        case, spec, check = params.get("parity_case"), params.get("parity_backend"), params.get("check")
+        if case is None or not isinstance(spec, str) or not is_parity_test(item):
+            kept.append(item)
+            continue
+        try:
+            backend = loaded_backend(state, spec)
+        except BackendLoadError:  # the test itself says so when it runs
+            kept.append(item)
+            continue
+        planned, why = planned_checks(backend, case, [check] if isinstance(check, str) else CHECKS)
+        if why is None or planned:
+            kept.append(item)
+            continue
+        dropped.append(item)
+        key = (spec, why, case.id)
+        tally[key] = tally.get(key, 0) + 1
+    counted = NotApplicable()
+    for (spec, why, _), n in tally.items():
+        counted.add(spec, why, n)
+    state.not_applicable = counted.to_json()
+    return kept, dropped
 
 
 def gpu_count() -> int:

@@ -55,21 +55,24 @@ class ParitySettings:
 
 
 def add_options(parser: pytest.Parser) -> None:
-    """The ``parity`` option group."""
+    """The ``parity`` option group.  The values are strings, checked at session start
+    (``plugin_settings.resolve``) as the environment's are: a bad one is a one-line usage error
+    naming the option and its variable, never argparse's usage text."""
     g = parser.getgroup("parity", "MoE fake-quant parity harness")
     g.addoption("--parity-report", metavar="DIR", default=None, help="write every parity check record to DIR/report.json and DIR/report.html")
-    g.addoption("--parity-seed", type=int, default=None, help="global seed (env PARITY_SEED; default cases.DEFAULT_SEED)")
+    g.addoption("--parity-seed", default=None, help="global seed, an integer (env PARITY_SEED; default cases.DEFAULT_SEED)")
     g.addoption("--parity-suite", default=None, help="collect exactly this suite (env PARITY_SUITE); default: ci plus slow-marked larger cases")
     g.addoption("--parity-backend", action="append", default=None,
                 help="backend spec (repeatable; env PARITY_BACKENDS comma-separated; default: all built-ins)")
-    g.addoption("--parity-mode", choices=VERDICT_MODES, default=None, help="forward verdict mode (env PARITY_MODE; default strict)")
-    g.addoption("--parity-timeout", type=float, default=None, help=f"per backend call timeout, s (env PARITY_TIMEOUT; default {CALL_TIMEOUT_S:g}; 0: none)")
-    g.addoption("--parity-nan-bits", choices=NAN_BITS_MODES, default=None,
-                help="NaN payload/sign policy (env PARITY_NAN_BITS; default any: not compared; strict: counted as class nan_bits)")
+    g.addoption("--parity-mode", default=None, help=f"forward verdict mode: {' or '.join(VERDICT_MODES)} (env PARITY_MODE; default strict)")
+    g.addoption("--parity-timeout", default=None, help=f"per backend call timeout, s (env PARITY_TIMEOUT; default {CALL_TIMEOUT_S:g}; 0: none)")
+    g.addoption("--parity-nan-bits", default=None,
+                help=f"NaN payload/sign policy, {' or '.join(NAN_BITS_MODES)} (env PARITY_NAN_BITS; default any: not compared; "
+                     "strict: counted as class nan_bits)")
     g.addoption("--parity-in-process", action="store_true", default=None,
                 help="call the backends in the pytest process (env PARITY_IN_PROCESS=1); default: in a supervised worker process, "
                      "so a backend that crashes or hangs fails its test and the session goes on")
-    g.addoption("--parity-gpu-share-mib", type=int, default=None, metavar="MIB",
+    g.addoption("--parity-gpu-share-mib", default=None, metavar="MIB",
                 help="parity cases of at most MIB MiB (inputs + outputs) share a GPU among xdist workers; larger ones and other GPU "
                      f"tests hold it alone (env PARITY_GPU_SHARE_MIB; default {GPU_SHARE_MIB}; 0: never share)")
 

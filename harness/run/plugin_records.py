@@ -85,6 +85,7 @@ def start_report(config: pytest.Config, state: ParitySession) -> None:
 def merge_worker(state: ParitySession, output: dict) -> None:
     """xdist controller: merge a finished worker's records (its ``workeroutput``)."""
     state.unrecorded.extend(output.get("parity_unrecorded", []))
+    state.not_applicable = state.not_applicable or output.get("parity_not_applicable", {})  # the same in every worker
     records = output.get("parity_records", [])
     if state.writer is not None and records:
         state.writer.add(records)
@@ -100,6 +101,7 @@ def finish_report(session: pytest.Session, state: ParitySession, exitstatus: int
     writer.report["meta"]["backends"] = [(state.loaded[s] if s in state.loaded else load(s)).to_json() for s in specs]
     writer.report["meta"]["formats"] = sorted({r["fmt"] for r in writer.report["records"]})
     writer.report["meta"]["checks"] = sorted({r["check"] for r in writer.report["records"]})
+    writer.report["not_applicable"] = state.not_applicable
     error = None
     if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR):
         error = f"pytest exit status {int(exitstatus)}"

@@ -67,15 +67,17 @@ def resolve(config: pytest.Config) -> ParitySettings:
 
     def pick(opt: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
         value = config.getoption("parity_" + opt)
-        if value is not None:
-            return value
         env = ENV_PREFIX + ENV_NAMES[opt]
-        if env not in os.environ:
-            return default
-        if not os.environ[env].strip():
-            raise pytest.UsageError(f"{env} is set but empty: give a value or unset it")
+        if value is None:
+            if env not in os.environ:
+                return default
+            if not os.environ[env].strip():
+                raise pytest.UsageError(f"{env} is set but empty: give a value or unset it")
+            value = os.environ[env]
+        if not isinstance(value, str):  # a flag, or the repeatable --parity-backend's list
+            return value
         try:
-            return cast(os.environ[env])
+            return cast(value)
         except ValueError as exc:
             raise usage(opt, f"{exc}") from None
 
@@ -98,6 +100,8 @@ def resolve(config: pytest.Config) -> ParitySettings:
         if not all(backends):
             raise usage("backend", f"an empty backend name in {backends}: name each backend (`moe-fq-parity list` shows them)")
     report = pick("report", None)
+    if report is not None and not report.strip():
+        raise usage("report", "an empty folder name: name the folder for report.json and report.html")
     profiles = hypothesis_profiles()
     profile = (config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE")
                or (profiles.DEFAULT_PROFILE if profiles is not None else None))

@@ -56,6 +56,10 @@ class ParitySession:
     """Test id -> (its check and those of the ready tests after it, in session order, on the same case
     and backend; whether the test after those is on the same case), built on first use
     (``plugin_checks.ready_runs``)."""
+    not_applicable: dict[str, Any] = field(default_factory=dict)
+    """The parity tests deselected as not applicable to their backend, per backend and reason, in the
+    report's ``not_applicable`` form (``plugin_collect.deselect_not_applicable``); an xdist controller
+    takes a worker's (every worker collects the same tests)."""
     prepared: dict[tuple[str, str, str], list] = field(default_factory=dict)
     """``(case id, backend spec, check)`` -> the records the worker computed ahead for that check's test."""
 

@@ -21,7 +21,11 @@ Options (group ``parity``; each also from the environment ``PARITY_*``): ``--par
 * Tests that take the ``parity_case`` fixture are parametrized over the catalogue with case ids as
   test ids; ``parity_backend`` over the backends.  Cases outside the ``ci`` suite carry ``slow`` (and
   large ones ``gpu``); with no ``-m`` expression and no ``--parity-suite``, slow parity cases are
-  deselected, so ``pytest`` stays the CPU tier and ``pytest -m slow`` runs the large cases.
+  deselected, so ``pytest`` stays the CPU tier and ``pytest -m slow`` runs the large cases.  The
+  header counts the cases the markers keep (``plugin_collect.marker_selection``).
+* A test whose check does not apply to its backend (a case outside the formats, variants or option
+  values it declares, ``harness.checks.plan``) is deselected, not skipped, and the terminal summary
+  counts them in one line (``run``'s line), so pytest's skips are only those a user can act on.
 * ``parity_check(name)`` runs one check (``harness.core.records.CHECKS``) and records its ``CheckRecord``;
   ``--parity-report DIR`` writes every record to ``DIR/report.json`` and ``DIR/report.html``, also
   under ``pytest -n auto`` (xdist workers send their records to the controller).
@@ -188,8 +192,10 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     state = session_of(config)
     if state is None:
         return None
+    from .plugin_collect import marker_selection  # deferred: as above
+
     s, groups = state.settings, state.gpu_groups
-    return (f"parity: seed={s.seed} suite={s.suite or 'ci (+slow-marked larger cases)'} backends={','.join(s.backends)} "
+    return (f"parity: seed={s.seed} {marker_selection(config, s)} backends={','.join(s.backends)} "
             f"mode={s.mode} hypothesis-profile={s.hypothesis_profile}" + (f" report={s.report_dir}" if s.report_dir else "")
             + (f"\nparity: xdist scheduling: GPU parity cases in {groups} group(s), one worker per GPU" if groups else ""))
 
@@ -202,12 +208,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize(metafunc, session(metafunc.config).settings)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After pytest's ``-m``/``-k``: the plugin's deselections (``plugin_collect.modify_items``)."""
     if not any(is_parity_test(item) for item in items):
         return  # another project's tests (or none of ours): left as they are
     from .plugin_collect import modify_items  # deferred: as above
 
-    modify_items(config, items, session(config).settings)
+    modify_items(config, items, session(config))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line counting the parity tests not applicable to their backend (deselected, not skips),
+    as ``moe-fq-parity run`` prints it."""
+    state = session_of(terminalreporter.config)
+    if state is None or not state.not_applicable:
+        return
+    from moe_fq_parity.harness.checks.plan import summary_line  # deferred: as above
+
+    terminalreporter.write_line("parity: " + summary_line({"not_applicable": state.not_applicable}))
 
 
 @pytest.fixture(scope="session")
@@ -304,6 +323,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         config.workeroutput["parity_records"] = state.records  # merged by the controller (pytest_testnodedown)
         config.workeroutput["parity_unrecorded"] = state.unrecorded
+        config.workeroutput["parity_not_applicable"] = state.not_applicable
         return
     if state.writer is None:
         return

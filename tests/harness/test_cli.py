@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from moe_fq_parity.harness.run.cli import main
 from moe_fq_parity.reports.schema import validate
 
@@ -76,10 +78,16 @@ def test_bad_backend_spec_is_a_clear_usage_error(tmp_path, capsys):
 
 
 def test_explicit_unavailable_backend_is_not_a_pass(tmp_path):
+    """A named backend runs, or the run is refused before any work (``BAD_SELECTIONS``: exit 2, no report)."""
+    from moe_fq_parity.harness.backends import load
+
+    if not load("triton").available:
+        assert main(["run", "--no-progress", "--no-sections", "--backend", "reference,triton", "--case", ONE, "--out", str(tmp_path / "o")]) == 2
+        assert not (tmp_path / "o").exists()
+        return
     rc, report = _run(tmp_path, "--backend", "reference,triton", "--case", ONE)
-    triton = next(b for b in report["meta"]["backends"] if b["spec"] == "triton")
     bad = [(r["key"], r["message"]) for r in report["records"] if r["verdict"] == "fail"]
-    assert not bad and rc == (0 if triton["available"] else 2)
+    assert not bad and rc == 0
 
 
 def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
@@ -180,9 +188,25 @@ def test_a_run_cut_off_in_its_sections_keeps_the_finished_ones(tmp_path, monkeyp
     assert [s["name"] for s in report["sections"]] == ["ok"] and report["meta"]["phase_s"]["sections"] >= 0
 
 
-def test_list(capsys):
+def test_list(capsys, monkeypatch, request):
+    """Suites, cases, formats and backends.  Every backend row's columns start where the others' do
+    (the longest name sets the width), and an unavailable backend names its install command once
+    (here Model-Optimizer and torchao made unimportable)."""
+    from moe_fq_parity.harness.backends import NAMES, modelopt_backend, modelopt_int4_block, modelopt_mx_backend, torchao_backend
+
+    for mod in (modelopt_backend, modelopt_mx_backend, modelopt_int4_block, torchao_backend):
+        monkeypatch.setattr(mod, "try_import", lambda module: (None, f"import {module} failed: ModuleNotFoundError: No module named {module!r}"))
+    torchao_backend._torchao.cache_clear()  # its probe is cached: an earlier test's answer would stand, and this one's must not stay
+    request.addfinalizer(torchao_backend._torchao.cache_clear)
     assert main(["list", "--suite", "ultra"]) == 0
     out = capsys.readouterr().out
+    rows = out.split("backends:")[1].splitlines()[1:]
+    assert [r.split()[0] for r in rows] == list(NAMES)
+    kinds = {r.index(" built-in ") if " built-in " in r else r.index(" external ") for r in rows}
+    states = {r.index(" available") if " available" in r else r.index(" unavailable") for r in rows}
+    assert len(kinds) == 1 and len(states) == 1, "\n".join(rows)
+    unavailable = [r for r in rows if r.split()[0].startswith(("modelopt", "torchao"))]
+    assert len(unavailable) == 8 and all("unavailable" in r and r.count("pip install") == 1 for r in unavailable), "\n".join(unavailable)
     assert "fp8_e4m3.cuda/per_expert/stacked/N32/5120x8192/outliers/s0" in out and "backends:" in out
     assert "mxfp8.floor/from_data/stacked/N32/5120x8192/outliers@none/s0" in out
     formats = out.split("formats:")[1].split("suite ")[0]
@@ -197,3 +221,85 @@ def test_unknown_case_id_and_empty_selection(tmp_path, capsys):
     assert main(["run", "--case", "garbage", "--out", str(tmp_path)]) == 2  # a usage error, like every bad argument
     assert "not a case id" in capsys.readouterr().err
     assert main(["run", "--cases", "no-such-*", "--out", str(tmp_path)]) == 2
+
+
+def test_out_that_would_overwrite_the_baseline_is_refused_before_any_work(tmp_path, capsys):
+    """``--baseline D/report.json --out D`` (or a symlink to either) would replace the baseline with
+    the new report: a usage error before anything runs, the baseline byte for byte as it was."""
+    import os
+
+    rc, _ = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward", "--in-process")
+    out = tmp_path / "out"
+    base = out / "report.json"
+    before = base.read_bytes()
+    (tmp_path / "link.json").symlink_to(base)
+    (tmp_path / "outlink").symlink_to(out, target_is_directory=True)
+    for baseline, target in ((base, out), (tmp_path / "link.json", out), (base, tmp_path / "outlink"),
+                             (Path(os.path.relpath(base)), Path(os.path.relpath(tmp_path / "out" / "." / ".." / "out")))):
+        capsys.readouterr()
+        rc = main(["run", "--no-progress", "--no-sections", "--backend", "reference", "--case", ONE, "--baseline", str(baseline),
+                   "--out", str(target)])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert rc == 2 and len(err) == 1 and err[0].startswith("error: --out") and "--baseline" in err[0], (baseline, target, err)
+        assert base.read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no lock left, nothing else written
+
+
+def test_merge_out_that_would_overwrite_a_shard_report_is_refused(tmp_path, capsys):
+    cases = ["--no-sections", "--no-progress", "--in-process", "--backend", "reference", "--suite", "ci", "--cases", "int8.cuda/per_expert/*/N4/8x40/*",
+             "--checks", "forward"]
+    for i in (1, 2):
+        assert main(["run", *cases, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")]) == 0
+    first = tmp_path / "s1" / "report.json"
+    before = first.read_bytes()
+    capsys.readouterr()
+    assert main(["merge", str(first), str(tmp_path / "s2" / "report.json"), "--out", str(tmp_path / "s1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would overwrite the shard report" in err and first.read_bytes() == before, err
+
+
+PLUGIN_B = "tests.harness.plugin_backends:"
+BAD_SELECTIONS = [
+    # (arguments, what the one error line must name)
+    (["--formats", "int8,mxfp9"], ["--formats", "'mxfp9'", "known: int8"]),
+    (["--formats", "int9"], ["--formats", "'int9'", "nvfp4"]),
+    (["--formats", "int8", "--formats", "nvfp5"], ["--formats", "'nvfp5'"]),
+    (["--formats", ""], ["--formats", "empty"]),
+    (["--formats", "int8,"], ["--formats", "empty"]),
+    (["--backend", "reference,nosuch"], ["unknown backend 'nosuch'", "eager-loop"]),
+    (["--backend", ""], ["--backend", "empty"]),
+    (["--backend", PLUGIN_B + "Unavailable"], ["--backend " + PLUGIN_B + "Unavailable", "the vendor library is not installed"]),
+    (["--checks", "forward,fwd"], ["--checks", "'fwd'", "backward.clipped"]),
+    (["--checks", ""], ["--checks", "empty"]),
+    (["--case", "garbage"], ["--case", "garbage"]),
+    (["--cases", "no-such-*"], ["--cases", "'no-such-*'", "suite smoke"]),
+    (["--formats", "int8,nvfp4", "--cases", "int8.*"], ["--formats nvfp4", "int8.*"]),
+    (["--case", ONE, "--formats", "fp8_e4m3"], ["--formats fp8_e4m3", "--case ids"]),
+    (["--case", ONE, "--cases", "*N8*"], ["--cases '*N8*'", "--case ids"]),
+    (["--case", ONE, "--case", ONE.replace("N4", "N2"), "--cases", "*N4*"], ["--case " + ONE.replace("N4", "N2"), "left out by --cases"]),
+    (["--suite", "smok"], ["--suite", "'smok'", "nightly"]),
+    (["--mode", "1ulp"], ["--mode", "'1ulp'", "strict"]),
+    (["--seed", "abc"], ["--seed", "'abc'"]),
+    (["--workers", "0"], ["--workers", "'0'"]),
+    (["--sections", "moe,nope"], ["--sections", "'nope'", "selftest"]),
+    (["--shard", "3/2"], ["--shard", "'3/2'"]),
+    (["--share-cpus", "0"], ["--share-cpus", "0"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", BAD_SELECTIONS, ids=[" ".join(a) or "empty" for a, _ in BAD_SELECTIONS])
+def test_every_bad_selection_is_one_error_line_before_any_work(tmp_path, capsys, args, needles):
+    """Every value of every selection option is checked before anything runs: a value that is not a
+    format, backend, check, case id or suite, or that selects nothing, is named in one line with the
+    valid ones (exit 2); a misspelled format in a list is never dropped while the others run, and
+    ``--out`` is not even created."""
+    out = tmp_path / "out"
+    quick = [] if "--sections" in args else ["--no-sections"]  # where a bad value is missed, the run stays short
+    try:
+        rc = main(["run", "--no-progress", "--out", str(out), *quick, *args])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err[-3:])
+    assert all(n in err[0] for n in needles), err[0]
+    assert not out.exists()

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from moe_fq_parity.reports.schema import validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,10 +25,16 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_xdist_run_merges_every_record_into_one_report(tmp_path):
     out = tmp_path / "rep"
     proc = _pytest(tmp_path, "tests/harness/test_parity.py", "-n", "2", "-q", "--parity-backend", "reference",
+                   "--parity-backend", "tests.harness.test_not_applicable:CudaOnly",
                    "--parity-seed", "77", "--parity-report", str(out), "-k", "smoke or (ties and int4)")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     validate(report)
+    # the workers deselect the int4 cases of the INT8-only backend; the controller counts them once
+    na = report["not_applicable"]["tests.harness.test_not_applicable:CudaOnly"]
+    assert na["records"] > 0 and [ln for ln in proc.stdout.splitlines() if "not applicable" in ln] == [
+        f"parity: {na['records']} checks not applicable to their backend (not run, not skips): {na['records']} on "
+        f"tests.harness.test_not_applicable:CudaOnly ({na['cases']} cases)"], proc.stdout[-3000:]
     passed = int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
     assert report["complete"] and report["meta"]["seed"] == 77 and report["meta"]["source"] == "pytest"
     assert len(report["records"]) >= passed > 0
@@ -52,3 +61,58 @@ def test_tests_of_a_case_are_adjacent_across_backends(tmp_path):
     runs = [c for k, c in enumerate(cases) if k == 0 or cases[k - 1] != c]
     assert len(ids) > 20 and len(runs) == len(set(runs)), f"a case's tests are split: {runs[:6]} ..."
     assert {i.split("-")[-2] for i in ids} >= {"reference", "loop"}
+
+
+READY = "moe_fq_parity.harness.run.parity_test"
+CUDA_ONLY = "tests.harness.test_not_applicable:CudaOnly"
+"""INT8 ``cuda`` only, declared (variants and options): every other format and variant is not applicable to it."""
+
+
+def _in_process(capsys, monkeypatch, tmp_path, *args: str, target: tuple[str, ...] = ("--pyargs", READY)) -> tuple[int, str]:
+    """A pytest session in this process (default: on the ready parity test): ``(exit code, stdout)``."""
+    for key in [k for k in os.environ if k.startswith("PARITY_")]:
+        monkeypatch.delenv(key)
+    capsys.readouterr()
+    rc = pytest.main(["-p", "no:cacheprovider", "--rootdir", str(tmp_path), *target, *args])
+    return int(rc), capsys.readouterr().out
+
+
+@pytest.mark.parametrize("markexpr,says", [
+    (None, "cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617; no -m: the plugin deselects the slow-marked"),
+    ("not slow", "cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617; -m 'not slow')"),
+    ("slow", "cases=1,617 of 1,984 (ci 0 of 367, larger slow-marked nightly 1,617 of 1,617; -m 'slow')"),
+    ("parity and not slow and not gpu", "cases=367 of 1,984 (ci 367 of 367"),
+])
+def test_header_says_what_the_markers_selected(capsys, monkeypatch, tmp_path, markexpr, says):
+    """The session header counts the parity cases the ``-m`` expression (or the plugin's default)
+    keeps, by pytest's own expression rules: under ``-m "not slow"`` it never claims the slow-marked
+    larger cases."""
+    (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")  # the header comes before collection: collect little
+    rc, out = _in_process(capsys, monkeypatch, tmp_path, "--parity-backend", "reference", "--collect-only",
+                          *(("-m", markexpr) if markexpr else ()), target=(str(tmp_path / "test_other.py"),))
+    header = next(ln for ln in out.splitlines() if ln.startswith("parity: seed="))
+    assert says in header, header
+    assert ("need a CUDA device" in header) == (markexpr == "slow" and not torch.cuda.is_available()), header
+
+
+def test_not_applicable_tests_are_deselected_and_counted_once(capsys, monkeypatch, tmp_path):
+    """The tests of cases outside what the backend declares are not generated as skips: deselected,
+    counted in one summary line (as ``moe-fq-parity run`` prints it) and in the report's
+    ``not_applicable``; ``-rs`` lists only the skips a user can act on."""
+    rep, select = tmp_path / "rep", ("--parity-suite", "ci", "-q", "-k", "N4 and 16x48 and ties")
+    rc, listed = _in_process(capsys, monkeypatch, tmp_path, "--parity-backend", "reference", "--collect-only", *select)
+    every = int(listed.strip().splitlines()[-1].split("/")[0])  # "96/492 tests collected (...)": the reference declares every case
+    rc, out = _in_process(capsys, monkeypatch, tmp_path, "--parity-backend", CUDA_ONLY, "-rs", "--parity-report", str(rep),
+                          "--parity-in-process", *select)
+    assert rc == 0, out[-3000:]
+    counts = {w: int(n) for n, w in (p.split()[:2] for p in out.strip().splitlines()[-1].split(" in ")[0].split(", "))}
+    report = json.loads((rep / "report.json").read_text())
+    validate(report)
+    na = report["not_applicable"][CUDA_ONLY]
+    assert na["records"] > 0 and na["cases"] > 0 and counts["passed"] + counts.get("skipped", 0) + na["records"] == every, (counts, na, every)
+    lines = [ln for ln in out.splitlines() if "not applicable to their backend" in ln]
+    assert lines == [f"parity: {na['records']} checks not applicable to their backend (not run, not skips): {na['records']} on {CUDA_ONLY} "
+                     f"({na['cases']} cases)"], lines
+    assert "not applicable" not in out.replace(lines[0], "")  # no skip says it
+    assert {r["reason"].split(" ")[0] for r in na["reasons"]} >= {"backend", "cuda-only"}  # other formats; other int8 variants
+    assert not any(r["verdict"] == "skip" and "not applicable" in r["message"] for r in report["records"])

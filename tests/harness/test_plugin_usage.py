@@ -91,6 +91,15 @@ def test_default_backends_that_cannot_run_still_skip(run_pytest):
     ((), {"PARITY_IN_PROCESS": "maybe"}, "--parity-in-process / PARITY_IN_PROCESS: expected 1 or 0, got 'maybe'"),
     (("--parity-gpu-share-mib", "-1"), {}, "--parity-gpu-share-mib / PARITY_GPU_SHARE_MIB: -1 MiB: give 0"),
     ((), {"PARITY_GPU_SHARE_MIB": "lots"}, "--parity-gpu-share-mib / PARITY_GPU_SHARE_MIB: expected an integer number of MiB, got 'lots'"),
+    # the command line's values go through the same checks (not argparse's usage text)
+    (("--parity-seed", "abc"), {}, "--parity-seed / PARITY_SEED: expected an integer, got 'abc'"),
+    (("--parity-mode", "1ulp"), {}, "--parity-mode / PARITY_MODE: one of strict, 1-ulp expected, got '1ulp'"),
+    (("--parity-timeout", "soon"), {}, "--parity-timeout / PARITY_TIMEOUT: expected seconds as a number, got 'soon'"),
+    (("--parity-nan-bits", "x"), {}, "--parity-nan-bits / PARITY_NAN_BITS: one of any, strict expected, got 'x'"),
+    (("--parity-gpu-share-mib", "lots"), {}, "--parity-gpu-share-mib / PARITY_GPU_SHARE_MIB: expected an integer number of MiB, got 'lots'"),
+    (("--parity-suite", "smok"), {}, "--parity-suite / PARITY_SUITE: unknown suite 'smok'; known: smoke, ci"),
+    (("--parity-backend", "reference,nosuch"), {}, "--parity-backend nosuch: unknown backend 'nosuch': use one of reference"),
+    (("--parity-report", ""), {}, "--parity-report / PARITY_REPORT: an empty folder name"),
 ])
 def test_bad_option_or_environment_value_is_a_one_line_usage_error(run_pytest, args, env, needle):
     """Every setting is checked when the session starts, by the CLI's own checks

@@ -1,9 +1,16 @@
 """The HTML report reads top down: failures first, then passes, skips folded per reason, and a
-summary of what was not checked and why."""
+summary of what was not checked and why; in a real browser (headless Chromium at 1280x800,
+``tests/reports/browser.py``), a nightly-sized and a smoke report show a person what they must
+see on the first screen, and every planted layout bug is seen."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import struct
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -11,6 +18,9 @@ from moe_fq_parity.reports.html import render_html
 from moe_fq_parity.reports.render import find_browser, screenshot
 from moe_fq_parity.reports.schema import SCHEMA_VERSION
 from moe_fq_parity.reports.writer import write_report
+
+from .browser import VIEWPORT, Browser, Plant, find_chromium
+from .sized_reports import sized_report
 
 NOT_IMPL = "triton kernel does not implement int8 variant 'step'"
 RAGGED = "layout invariant needs experts of one shape"
@@ -74,8 +84,23 @@ def test_everything_checked_says_so():
     assert "Everything selected was checked" in render_html(rep)
 
 
-@pytest.mark.skipif(find_browser() is None, reason="no Chromium here (apt-get install -y chromium)")
+def _needs_a_browser(selenium: bool = True) -> None:
+    """Skip where Chromium (or Selenium) is missing, with what installs it; in CI (``CI`` set, as
+    ``.ci/run`` runs) fail instead: CI installs them, and a browser test that skips there checks nothing."""
+    missing = []
+    if (find_chromium() if selenium else find_browser()) is None:
+        missing.append("Chromium and its driver: apt-get install -y chromium chromium-driver")
+    if selenium and importlib.util.find_spec("selenium") is None:
+        missing.append("Selenium: pip install -e '.[test]'")
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the browser tests (.ci/run installs what they need), but this host lacks {'; '.join(missing)}")
+        pytest.skip(f"needs {'; '.join(missing)}")
+
+
 def test_report_with_failures_and_folded_skips_renders_in_headless_chromium(tmp_path):
+    """``python -m moe_fq_parity.reports.render``'s screenshot (Chromium alone, no driver)."""
+    _needs_a_browser(selenium=False)
     _, html_path = write_report(tmp_path, _report())
     shot = screenshot(html_path, tmp_path / "shot.png", height=1400)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
@@ -149,3 +174,87 @@ def test_histogram_says_what_it_counts():
     text = _text(html[html.index("ULP histograms"):html.index("Bandwidth")])
     assert "14 forward records (3 pass, 2 fail, 9 skip): the 2 that compared outputs are counted here" in text, text[:400]
     assert "the other 12 had no outputs to compare" in text
+
+
+# --- in a real browser: what a person sees on the first screen (tests/reports/browser.py) ---------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _needs_a_browser()
+    with Browser() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Callable[[str], tuple[dict, Path]]:
+    """``pages(size)``: the nightly-sized report of a run with 3 failing cases, or the passing smoke
+    report of a default ``moe-fq-parity run`` (``sized_reports``), and its HTML page; each built
+    once, when a test first asks (xdist may give this module's tests to several workers)."""
+    made: dict[str, tuple[dict, Path]] = {}
+
+    def page(size: str) -> tuple[dict, Path]:
+        if size not in made:
+            report = sized_report(size, failing=3 if size == "nightly" else 0)
+            html = tmp_path_factory.mktemp(size) / "report.html"
+            html.write_text(render_html(report))  # as the report writer renders it (the JSON it would write is this report)
+            made[size] = (report, html)
+        return made[size]
+
+    return page
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return struct.unpack(">II", data[16:24])
+
+
+def _shots(tmp_path: Path) -> Path:
+    """Where the screenshots go: ``$MOE_FQ_PARITY_SHOTS`` to keep them (to look at them), else the test's folder."""
+    keep = os.environ.get("MOE_FQ_PARITY_SHOTS")
+    return Path(keep) if keep else tmp_path
+
+
+@pytest.mark.parametrize("size", ["smoke", "nightly"])  # then the nightly plant: each page is loaded twice, not more
+def test_the_first_screen_shows_what_a_person_needs(browser, pages, size, tmp_path):
+    report, html = pages(size)
+    shot = _shots(tmp_path) / f"first-screen-{size}.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    problems = browser.look(html, report, shot)
+    assert not problems, "\n".join(problems)
+    assert _png_size(shot) == VIEWPORT
+
+
+PLANTED = [
+    # (the bug, the report it is planted in, the plant, what the browser check must say)
+    ("failures moved below everything", "nightly", Plant(css="body { display: flex; flex-direction: column; } #failures { order: 1; }"),
+     ["what failed (#failures h2) is not on the first screen", "the passing rows (top"]),
+    ("verdict hidden", "smoke", Plant(css="h1 .badge { display: none; }"), ["the verdict (h1 .badge) is not on the page"]),
+    ("a table that never wraps", "smoke", Plant(css="td, th { white-space: nowrap; } td.msg { max-width: none; }"), ["is wider than the window"]),
+    ("tiny table text", "smoke", Plant(css="table, code, .mono { font-size: 8px; }"), ["has 8.0 px text"]),
+    ("cells that cut their text", "smoke", Plant(css="td { max-width: 2.5em; overflow: hidden; white-space: nowrap; }"),
+     ["cuts off the text of a cell"]),
+    ("a page wider than the window", "smoke", Plant(html='<div style="width: 1900px">wide</div>'), ["the page scrolls sideways"]),
+    ("a console error", "smoke", Plant(script="console.error('planted')"), ["console error", "planted"]),
+]
+"""One planted layout bug per check of ``Browser.look``; a new check adds its bug here."""
+
+
+@pytest.mark.parametrize("plant", PLANTED, ids=[p[0] for p in PLANTED])
+def test_a_planted_layout_bug_is_seen(browser, pages, plant):
+    """Each check of the first screen fails on the page with its bug planted (and passes without it,
+    ``test_the_first_screen_shows_what_a_person_needs``)."""
+    _, size, bug, says = plant
+    report, html = pages(size)
+    problems = browser.look(html, report, plant=bug)
+    assert all(any(s in p for p in problems) for s in says), problems
+    assert not browser.driver.execute_script("return document.querySelectorAll('[data-planted]').length"), "the plant stayed in the page"
+
+
+def test_the_sized_reports_carry_the_sections_real_columns():
+    """``sized_reports`` lays its section rows out as the sections do (their ``COLUMNS``, read from
+    the section modules): a column added there is a column in the browser tests' tables."""
+    from .sized_reports import SECTION_FILES, SECTIONS, section_columns
+
+    assert {name: list(SECTIONS[name][2]) for name in SECTION_FILES} == {name: section_columns(name) for name in SECTION_FILES}
