@@ -206,7 +206,7 @@ def test_list(capsys, monkeypatch, request):
     states = {r.index(" available") if " available" in r else r.index(" unavailable") for r in rows}
     assert len(kinds) == 1 and len(states) == 1, "\n".join(rows)
     unavailable = [r for r in rows if r.split()[0].startswith(("modelopt", "torchao"))]
-    assert len(unavailable) == 8 and all("unavailable" in r and r.count("pip install") == 1 for r in unavailable), "\n".join(unavailable)
+    assert len(unavailable) == 9 and all("unavailable" in r and r.count("pip install") == 1 for r in unavailable), "\n".join(unavailable)
     assert "fp8_e4m3.cuda/per_expert/stacked/N32/5120x8192/outliers/s0" in out and "backends:" in out
     assert "mxfp8.floor/from_data/stacked/N32/5120x8192/outliers@none/s0" in out
     formats = out.split("formats:")[1].split("suite ")[0]

@@ -78,10 +78,10 @@ def _in_process(capsys, monkeypatch, tmp_path, *args: str, target: tuple[str, ..
 
 
 @pytest.mark.parametrize("markexpr,says", [
-    (None, "cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617; no -m: the plugin deselects the slow-marked"),
-    ("not slow", "cases=367 of 1,984 (ci 367 of 367, larger slow-marked nightly 0 of 1,617; -m 'not slow')"),
-    ("slow", "cases=1,617 of 1,984 (ci 0 of 367, larger slow-marked nightly 1,617 of 1,617; -m 'slow')"),
-    ("parity and not slow and not gpu", "cases=367 of 1,984 (ci 367 of 367"),
+    (None, "cases=379 of 1,953 (ci 379 of 379, larger slow-marked nightly 0 of 1,574; no -m: the plugin deselects the slow-marked"),
+    ("not slow", "cases=379 of 1,953 (ci 379 of 379, larger slow-marked nightly 0 of 1,574; -m 'not slow')"),
+    ("slow", "cases=1,574 of 1,953 (ci 0 of 379, larger slow-marked nightly 1,574 of 1,574; -m 'slow')"),
+    ("parity and not slow and not gpu", "cases=379 of 1,953 (ci 379 of 379"),
 ])
 def test_header_says_what_the_markers_selected(capsys, monkeypatch, tmp_path, markexpr, says):
     """The session header counts the parity cases the ``-m`` expression (or the plugin's default)

@@ -6,7 +6,9 @@ checks of what that screen shows.
 problems a person would have with it (an empty list: none):
 
 * each ``FIRST_SCREEN`` entry that applies to the report is on the first screen, whole and visible
-  (the verdict, and for a failing report what failed, before any passing row);
+  (the verdict, and for a failing report what failed, before any passing row); an entry with an
+  anchor (``at``) is on the first screen of its section, after a jump to that anchor (the atlas's
+  first row below its title);
 * the page does not scroll sideways;
 * every table shown (not folded away) is readable at that width: inside the viewport, text of at
   least ``MIN_FONT_PX``, no cell whose text is cut off;
@@ -57,12 +59,20 @@ class Seen:
     selector: str
     when: Callable[[dict[str, Any]], bool] = always
     text: Optional[Callable[[dict[str, Any]], str]] = None
+    at: str = ""
+    """An anchor to jump to first (``#section-atlas``): the element is on that section's first screen."""
+
+
+def has_section(name: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda report: any(s["name"] == name and s["rows"] and s["verdict"] != "skip" for s in report["sections"])
 
 
 FIRST_SCREEN: tuple[Seen, ...] = (
     Seen("the verdict", "h1 .badge", text=lambda report: overall_verdict(report).upper()),
     Seen("what failed", "#failures h2", when=failing),
     Seen("the first failing case with its first check", "#failures tr.fail td.msg div", when=failing),
+    Seen("the disagreement atlas's first pair", "#section-atlas ~ table tr.pass", when=has_section("atlas"), at="#section-atlas",
+         text=lambda report: next(r["fields"]["a"] for s in report["sections"] if s["name"] == "atlas" for r in s["rows"] if r["verdict"] == "pass")),
 )
 """What the first screen shows a person, in one line each (see the module docstring)."""
 
@@ -152,20 +162,16 @@ class Browser:
             self.driver.execute_script("for (const el of document.querySelectorAll('[data-planted]')) el.remove(); window.scrollTo(0, 0);")
 
     def _problems(self, report: dict[str, Any], shot: Optional[Path]) -> list[str]:
-        seen = [s for s in FIRST_SCREEN if s.when(report)]
+        problems = []
+        for s in [s for s in FIRST_SCREEN if s.when(report) and s.at]:  # on the first screen of its section
+            self.driver.execute_script("const el = document.querySelector(arguments[0]); if (el) el.scrollIntoView(true);", s.at)
+            problems += _seen_problems([s], self.driver.execute_script(_MEASURE, [s.selector], MIN_FONT_PX, 0), report)
+            self.driver.execute_script("window.scrollTo(0, 0);")
+        seen = [s for s in FIRST_SCREEN if s.when(report) and not s.at]
         m = self.driver.execute_script(_MEASURE, [s.selector for s in seen], MIN_FONT_PX, ROWS_CHECKED)
         if shot is not None:
             self.driver.save_screenshot(str(shot))
-        problems = []
-        for s in seen:
-            box = m["first"][s.selector]
-            if box is None or not box["shown"]:
-                problems.append(f"{s.what} ({s.selector}) is not on the page")
-            elif box["top"] < 0 or box["bottom"] > m["height"] or box["left"] < 0 or box["right"] > m["width"]:
-                problems.append(f"{s.what} ({s.selector}) is not on the first screen: top {box['top']:.0f} px, bottom "
-                                f"{box['bottom']:.0f} px of {m['height']}")
-            elif s.text is not None and not re.search(s.text(report), box["text"]):
-                problems.append(f"{s.what} ({s.selector}) says {box['text'][:60]!r}, not {s.text(report)!r}")
+        problems += _seen_problems(seen, m, report)
         if failing(report):
             fail_top, pass_top = m["order"]["#failures"], m["order"]["details.passing"]
             if fail_top is None or (pass_top is not None and pass_top < fail_top):
@@ -184,6 +190,22 @@ class Browser:
             if entry.get("level") == "SEVERE":
                 problems.append(f"console error: {entry.get('message', '')[:200]}")
         return problems
+
+
+def _seen_problems(seen: list[Seen], m: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    """The ``Seen`` entries of ``seen`` that ``m`` (a ``_MEASURE``) does not show whole on the screen."""
+    problems = []
+    for s in seen:
+        box = m["first"][s.selector]
+        where = f"the first screen of {s.at}" if s.at else "the first screen"
+        if box is None or not box["shown"]:
+            problems.append(f"{s.what} ({s.selector}) is not on the page")
+        elif box["top"] < 0 or box["bottom"] > m["height"] or box["left"] < 0 or box["right"] > m["width"]:
+            problems.append(f"{s.what} ({s.selector}) is not on {where}: top {box['top']:.0f} px, bottom "
+                            f"{box['bottom']:.0f} px of {m['height']}")
+        elif s.text is not None and not re.search(re.escape(s.text(report)), box["text"]):
+            problems.append(f"{s.what} ({s.selector}) says {box['text'][:60]!r}, not {s.text(report)!r}")
+    return problems
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,12 @@ def _sections(size: str, rng: random.Random, failing: int) -> list[dict[str, Any
                          **({"repro": f"python -m moe_fq_parity.harness.sections.{name} --row {k}"} if verdict == "fail" else {})})
         out.append({"name": name, "title": title, "verdict": "fail" if any(r["verdict"] == "fail" for r in made) else "pass",
                     "columns": list(fields), "notes": NOTES[name], "rows": made, "seconds": rng.uniform(1, 60)})
+    if size == "nightly":  # the atlas as the nightly writes it: real rows of two formats (the whole atlas costs half a minute)
+        from moe_fq_parity.harness.sections import Section, atlas
+
+        rows = atlas._rows("fp8_block", {}, 0) + atlas._rows("nvfp4", {}, 0)
+        out.append(dict(Section(atlas.NAME, atlas.TITLE, atlas.COLUMNS, rows, "the atlas of fp8_block 1x128 and nvfp4 1x16").to_json(),
+                        seconds=rng.uniform(20, 40)))
     return out
 
 

@@ -237,6 +237,8 @@ PLANTED = [
      ["cuts off the text of a cell"]),
     ("a page wider than the window", "smoke", Plant(html='<div style="width: 1900px">wide</div>'), ["the page scrolls sideways"]),
     ("a console error", "smoke", Plant(script="console.error('planted')"), ["console error", "planted"]),
+    ("the atlas pushed below its section's first screen", "nightly", Plant(css="#section-atlas + p { min-height: 900px; }"),
+     ["the disagreement atlas's first pair", "is not on the first screen of #section-atlas"]),
 ]
 """One planted layout bug per check of ``Browser.look``; a new check adds its bug here."""
 
