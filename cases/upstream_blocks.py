@@ -234,7 +234,8 @@ def _random_tiles(n: int, tile: tuple[int, int], dtype: torch.dtype, gen: torch.
         t = torch.randn(n, r * c, generator=gen) * mag
     else:
         t = _tiles_below(mag.reshape(-1) * 3, tile, dtype, gen, FILL).reshape(n, r * c) * torch.rand(n, 1, generator=gen)
-    return t.to(dtype).to(torch.float32).reshape(n, r, c)
+    big = torch.finfo(dtype).max  # randn * 2^126 can pass the dtype's max (inf after the cast): random tiles stay finite
+    return t.clamp(-big, big).to(dtype).to(torch.float32).reshape(n, r, c)
 
 
 def variant_calls(fmt: str, options: Optional[dict] = None, *, nan: bool = False) -> list[tuple[str, dict]]:
