@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import checks, env
+from . import checks, env, interpret
 from .amax import AmaxView
 from .tables import FLAT_CAP, ExpertTable, await_table
 from .formats import BITS_DTYPE, FMT_FP8, FMT_FP8B, FMT_FP8B_FP32S, FMT_INT, FMT_INT4G, FMT_MXFP4, FMT_MXFP8, FMT_NVFP4, IO_CODES, QuantSpec
@@ -154,6 +154,8 @@ def _quiet(device: torch.device):
     if device.type != "cpu":
         return contextlib.nullcontext()
     import numpy as np
+
+    interpret.install()  # once per process: the interpreter without its repeated language patch
 
     return np.errstate(all="ignore")
 
