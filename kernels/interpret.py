@@ -15,7 +15,9 @@ half of an interpreted parity check's time: 77 ``fp8_e4m3`` checks (16x48, N=4) 
   ``tl.core`` in its globals) were patched already in this launch, by the launch or by an earlier
   device call (whose patch Triton never undoes); otherwise Triton's own patch runs;
 * the builtins of a language module are listed once (they never change) instead of by
-  ``inspect.getmembers`` on every patch; the list is taken at the first launch, unpatched.
+  ``inspect.getmembers`` on every patch: at its first patch after ``install()``, when a launch's
+  own patch has been restored; a module that an earlier device call left patched (above) is
+  listed without those members, whose wrappers stay and do the same.
 
 It replaces only the interpreter's module-level ``_patch_lang`` / ``_patch_builtin`` and only when
 they have the shape described here (``install`` returns False otherwise and changes nothing).
@@ -103,7 +105,7 @@ def install() -> bool:
     original_builtin = interpreter._patch_builtin
 
     def _patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
-        # the builtins of a language module never change: scan once, while unpatched (first launch)
+        # the builtins of a language module never change: list them once (module docstring)
         hit = builtins.get(id(pkg))
         if hit is None or hit[0] is not pkg:
             hit = builtins[id(pkg)] = (pkg, [(n, m) for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)])
