@@ -1,5 +1,6 @@
 """The CPU gloo matrix: every (save layout -> load layout) pair, invariance, content, negative
-controls and bad inputs, judged from one shared run (``conftest.gloo_run``)."""
+controls and bad inputs, judged from one shared run (``conftest.gloo_run``: the five layouts of
+``conftest.LAYOUTS``); ``test_every_layout_up_to_eight_ranks`` (``slow``) runs all seven."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from moe_fq_parity.harness.sections.checkpoint.layout import matrix_layouts
 from moe_fq_parity.harness.sections.checkpoint.quant import QUANT_FORMATS
 from moe_fq_parity.harness.sections.checkpoint.shards import QLAYOUTS, qlayout_applies
 
-from .conftest import MAX_WORLD
+from moe_fq_parity.harness.sections.checkpoint.matrix import DistPlan, run_plan
+
+from .conftest import LAYOUTS, MAX_WORLD
 
 pytestmark = pytest.mark.dist
 
-LAYOUTS = matrix_layouts(MAX_WORLD)
 BAD_KINDS = (
     "fewer_experts",
     "more_experts",
@@ -46,8 +48,24 @@ def test_every_stage_ran(gloo_run):
 
 
 def test_matrix_covers_issue_6_layouts():
-    """EP 1, 2, 4, 8 and TP 1, 2 wherever the world fits 8 ranks."""
-    assert {(lay.tp, lay.ep) for lay in LAYOUTS} == {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4)}
+    """EP 1, 2, 4, 8 and TP 1, 2 wherever the world fits 8 ranks; the default tier's five keep EP 1, 2
+    and 8 (one expert a rank), TP 1 and 2 and TP x EP."""
+    assert {(lay.tp, lay.ep) for lay in matrix_layouts(MAX_WORLD)} == {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4)}
+    assert {(lay.tp, lay.ep) for lay in LAYOUTS} == {(1, 1), (1, 2), (1, 8), (2, 1), (2, 2)}
+
+
+@pytest.mark.slow
+def test_every_layout_up_to_eight_ranks(tmp_path, dist_seed):
+    """All seven layouts, all 49 save -> load pairs: every row passes (the negative controls pass
+    by being caught), no stage lost its ranks, and every pair has its round-trip rows."""
+    layouts = tuple(matrix_layouts(MAX_WORLD))
+    rows = run_plan(DistPlan(dist_seed, layouts, layouts), str(tmp_path))
+    failed = [r for r in rows if r.verdict != "pass"]
+    assert not failed, _explain(failed)
+    for save in layouts:
+        for load in layouts:
+            got = [r for r in rows if r.id.startswith((f"roundtrip/{save.id}->{load.id}/", f"refused/{save.id}->{load.id}/"))]
+            assert len(got) == CHECKPOINTS, (save.id, load.id, len(got))
 
 
 VECTOR_FORMATS = [q for q, f in QUANT_FORMATS.items() if qlayout_applies("vector_per_key", f)]

@@ -38,9 +38,9 @@ def test_rows_from_the_gloo_run(gloo_run):
     sec = Section("dist", section.TITLE, section.COLUMNS, section.to_rows(list(gloo_run.verdicts), gloo_run.seed, "cpu"))
     assert sec.name == "dist" and sec.columns == section.COLUMNS
     assert sec.verdict == "pass", [r.id for r in sec.rows if r.verdict == "fail"]
-    row = next(r for r in sec.rows if r.id == "roundtrip/tp2ep4->tp1ep2/one_vector/nvfp4/static")
-    assert row.fields["save"] == "tp2ep4" and row.fields["load"] == "tp1ep2" and row.fields["mismatches"] == 0
-    assert row.repro.startswith("python -m moe_fq_parity.harness.sections.checkpoint") and "--save tp2ep4 --load tp1ep2" in row.repro
+    row = next(r for r in sec.rows if r.id == "roundtrip/tp2ep2->tp1ep8/one_vector/nvfp4/static")
+    assert row.fields["save"] == "tp2ep2" and row.fields["load"] == "tp1ep8" and row.fields["mismatches"] == 0
+    assert row.repro.startswith("python -m moe_fq_parity.harness.sections.checkpoint") and "--save tp2ep2 --load tp1ep8" in row.repro
     assert sec.to_json()["verdict"] == "pass"
 
 
