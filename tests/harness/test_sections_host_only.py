@@ -8,14 +8,28 @@ import pytest
 
 
 @pytest.mark.parametrize("device, declared, early", [("cuda", "1", True), ("cuda", "0", False), ("cpu", "1", False)])
-def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatch, device, declared, early):
+def test_a_host_only_section_starts_before_its_turn_only_on_a_gpu_run(monkeypatch, tmp_path, device, declared, early):
+    """The run's cases last until both section processes are prepared, and then as long as an early
+    section needs to run (or 1 s more, where none may start early)."""
     from moe_fq_parity.harness import sections
     from moe_fq_parity.harness.sections.processes import start_sections
 
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {k: "tests.harness.fake_host_section:run" for k in "ab"})
     monkeypatch.setenv("FAKE_HOST_ONLY", declared)
+    monkeypatch.setenv("FAKE_HOST_DIR", str(tmp_path))
+
+    def wait_for(what: str, timeout_s: float = 120.0) -> None:
+        end = time.time() + timeout_s
+        while len(list(tmp_path.glob(f"{what}-*"))) < 2:
+            assert time.time() < end, f"the section processes were not {what} within {timeout_s} s"
+            time.sleep(0.05)
+
     with start_sections("smoke", 1, device, ["a", "b"], parallel=True) as started:
-        time.sleep(8.0)  # the run's cases
+        wait_for("prepared")
+        if early:
+            wait_for("started", 30.0)
+        else:
+            time.sleep(1.0)  # a section that starts when prepared would have by now
         go = time.time()
         out = started.run()
     starts = [s["rows"][0]["fields"]["started"] for s in out]
