@@ -15,6 +15,13 @@ Any other import error stays an error, and with the extra installed nothing is s
 
 GPU tests: a test of this repository marked ``gpu`` is skipped with a reason where there is no CUDA
 device (the harness plugin does that for parity tests only, leaving other projects' markers alone).
+
+The ready parity test (``tests/harness/test_parity.py``) on a host without CUDA: there the ``triton``
+backend runs under Triton's interpreter, at about half a second a forward check.  Its tests of the
+``smoke`` cases (``INTERPRETED_SUITE``: every format, variant and option of the kernel) stay in the
+default tier; those of the other ``ci`` cases are marked ``slow`` (``-m slow`` runs them,
+interpreted); on a GPU host nothing changes (they are ``gpu`` tests there).  Why, and the kernel
+mutants the default tier still kills (``scripts/kernel_mutants.py``): ``docs/measured.md`` section 12e.
 """
 
 from __future__ import annotations
@@ -31,6 +38,35 @@ ROOT = Path(__file__).resolve().parent
 FOLDER_NEEDS = {"tests/kernels": "triton"}
 """Test folder -> the extra module every test in it needs."""
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_]+)")
+INTERPRETED_SUITE = "smoke"
+INTERPRETED_BACKEND = "triton"
+PARITY_TEST = "tests/harness/test_parity.py"
+
+
+def _interpreted_parity_outside_smoke_is_slow(items: list[pytest.Item]) -> None:
+    """``slow`` on the interpreted Triton parity tests of ``PARITY_TEST`` whose case is not a smoke case
+    (no CUDA device); runs before ``-m`` selects (``tryfirst``)."""
+    if torch.cuda.is_available():
+        return
+    kept: set[str] | None = None
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        case = params.get("parity_case")
+        if case is None or params.get("parity_backend") != INTERPRETED_BACKEND or not item.nodeid.startswith(PARITY_TEST):
+            continue
+        if kept is None:
+            from moe_fq_parity.cases import suite
+
+            kept = {c.id for c in suite(INTERPRETED_SUITE)}
+        if case.id not in kept:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if torch.cuda.is_available():
+        return None
+    return (f"{PARITY_TEST}: no CUDA device: the {INTERPRETED_BACKEND} backend's interpreted parity tests of the "
+            f"{INTERPRETED_SUITE} cases are in the default tier, those of the other ci cases are marked slow (-m slow runs them)")
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
@@ -41,7 +77,9 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _interpreted_parity_outside_smoke_is_slow(items)
     _skip_gpu_tests_without_cuda(items)
     missing = {folder: module for folder, module in FOLDER_NEEDS.items() if not importable(module)}
     if not missing:
