@@ -18,9 +18,10 @@ device (the harness plugin does that for parity tests only, leaving other projec
 
 The ready parity test (``tests/harness/test_parity.py``) on a host without CUDA: there the ``triton``
 backend runs under Triton's interpreter, at about half a second a forward check.  Its tests of the
-``smoke`` cases (``INTERPRETED_SUITE``: every format, variant and option of the kernel) stay in the
-default tier; those of the other ``ci`` cases are marked ``slow`` (``-m slow`` runs them,
-interpreted); on a GPU host nothing changes (they are ``gpu`` tests there).  Why, and the kernel
+``smoke`` cases (``INTERPRETED_SUITE``), plus the first ``ci`` case of every variant, option set,
+granularity and layout that no smoke case has (``interpreted_cases``: each such combination of the
+kernel runs), stay in the default tier; those of the other ``ci`` cases are marked ``slow`` (``-m
+slow`` runs them, interpreted); on a GPU host nothing changes (they are ``gpu`` tests there).  Why, and the kernel
 mutants the default tier still kills (``scripts/kernel_mutants.py``): ``docs/measured.md`` section 12e.
 """
 
@@ -43,9 +44,27 @@ INTERPRETED_BACKEND = "triton"
 PARITY_TEST = "tests/harness/test_parity.py"
 
 
+def interpreted_cases() -> set[str]:
+    """Case ids whose interpreted Triton parity tests stay in the default tier: the smoke cases, then
+    in ``ci`` order the first case of each ``(format.variant+options, granularity, layout)`` that none
+    of those has (59 cases)."""
+    from moe_fq_parity.cases import suite
+
+    def key(case) -> tuple[str, ...]:
+        return tuple(case.id.split("/")[:3])
+
+    kept = {c.id for c in suite(INTERPRETED_SUITE)}
+    seen = {key(c) for c in suite(INTERPRETED_SUITE)}
+    for c in suite("ci"):
+        if key(c) not in seen:
+            seen.add(key(c))
+            kept.add(c.id)
+    return kept
+
+
 def _interpreted_parity_outside_smoke_is_slow(items: list[pytest.Item]) -> None:
-    """``slow`` on the interpreted Triton parity tests of ``PARITY_TEST`` whose case is not a smoke case
-    (no CUDA device); runs before ``-m`` selects (``tryfirst``)."""
+    """``slow`` on the interpreted Triton parity tests of ``PARITY_TEST`` whose case is not one of
+    ``interpreted_cases`` (no CUDA device); runs before ``-m`` selects (``tryfirst``)."""
     if torch.cuda.is_available():
         return
     kept: set[str] | None = None
@@ -55,9 +74,7 @@ def _interpreted_parity_outside_smoke_is_slow(items: list[pytest.Item]) -> None:
         if case is None or params.get("parity_backend") != INTERPRETED_BACKEND or not item.nodeid.startswith(PARITY_TEST):
             continue
         if kept is None:
-            from moe_fq_parity.cases import suite
-
-            kept = {c.id for c in suite(INTERPRETED_SUITE)}
+            kept = interpreted_cases()
         if case.id not in kept:
             item.add_marker(pytest.mark.slow)
 
@@ -66,7 +83,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if torch.cuda.is_available():
         return None
     return (f"{PARITY_TEST}: no CUDA device: the {INTERPRETED_BACKEND} backend's interpreted parity tests of the "
-            f"{INTERPRETED_SUITE} cases are in the default tier, those of the other ci cases are marked slow (-m slow runs them)")
+            f"{INTERPRETED_SUITE} cases and of one ci case per variant, granularity and layout not in it are in the default tier, "
+            "those of the other ci cases are marked slow (-m slow runs them)")
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
