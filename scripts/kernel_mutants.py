@@ -77,6 +77,10 @@ MUTANTS: tuple[KernelMutant, ...] = (
                  "                            s, s2, r2, zero = _int_scales(a, QMAX, INT_DIV)", "INT per-channel amax of another row"),
     KernelMutant("tile-row-mask", "kernels/tiles.py", "    rmask = (r0 + rl) < rows\n", "    rmask = (r0 + rl) <= rows\n",
                  "a tile's row mask one row too long"),
+    KernelMutant("unsigned-negative-kept", "kernels/fwd_kernel.py", "                                out = tl.where(x < 0.0, nan_all, out)\n",
+                 "", "INT unsigned: a negative input not written as NaN"),
+    KernelMutant("narrow-range-ignored", "kernels/formats.py", 'narrow_range=bool(options.get("narrow_range", False))',
+                 "narrow_range=False", "INT narrow_range ignored (-128 kept)"),
     KernelMutant("clipped-lt", "kernels/bwd_kernel.py", "tl.where(tl.abs(x) <= a, g, tl.zeros_like(g))",
                  "tl.where(tl.abs(x) < a, g, tl.zeros_like(g))", "clipped backward zeroes |x| == amax"),
 )
