@@ -18,7 +18,6 @@ import torch
 from tqdm import tqdm
 
 from moe_fq_parity.cases import Case
-from moe_fq_parity.reports import html  # noqa: F401 - see ``run``: imported before SIGTERM can raise
 from moe_fq_parity.reports.schema import overall_verdict
 from moe_fq_parity.reports.writer import ReportWriter, now_iso
 
@@ -334,9 +333,13 @@ def _run_cases(cfg: RunConfig, writer: ReportWriter, curve: Optional[CopyCurve],
 def run(cfg: RunConfig) -> int:
     """Run ``cfg`` and return the exit code (0 only when every check passed; 2 when another run is
     writing to the same ``out_dir``; 130 on Ctrl-C and 143 on SIGTERM, each with a partial report)."""
-    # The HTML renderer (matplotlib, imported with this module) must be loaded before SIGTERM can
-    # raise: an import cut off midway leaves half-initialised modules behind, and the partial
-    # report's HTML then fails to import them (seen on a slow host: exit 1 instead of 143, no partial HTML).
+    # The HTML renderer (matplotlib, jinja2) must be loaded before SIGTERM can raise: an import cut
+    # off midway leaves half-initialised modules behind, and the partial report's HTML then fails to
+    # import them (seen on a slow host: exit 1 instead of 143, no partial HTML).  Imported here, not
+    # with this module: every process spawned from a run (case and isolation workers, sections)
+    # re-imports the run's main module, and 0.25 s of its start-up went to the renderer it never uses.
+    from moe_fq_parity.reports import html  # noqa: F401
+
     try:
         with out_lock(cfg.out_dir), run_signals():
             return _run_locked(cfg)
