@@ -19,7 +19,7 @@ device (the harness plugin does that for parity tests only, leaving other projec
 The ready parity test (``tests/harness/test_parity.py``) on a host without CUDA: there the ``triton``
 backend runs under Triton's interpreter, at about half a second a forward check.  Its tests of the
 ``smoke`` cases (``INTERPRETED_SUITE``), plus the first ``ci`` case of every variant, option set,
-granularity and layout that no smoke case has (``interpreted_cases``: each such combination of the
+granularity and layout that no smoke case has (``tests.tiers.interpreted_cases``: each such combination of the
 kernel runs), stay in the default tier; those of the other ``ci`` cases are marked ``slow`` (``-m
 slow`` runs them, interpreted); on a GPU host nothing changes (they are ``gpu`` tests there).  Why, and the kernel
 mutants the default tier still kills (``scripts/kernel_mutants.py``): ``docs/measured.md`` section 12e.
@@ -34,51 +34,12 @@ import pytest
 import torch
 
 from tests.extras import EXTRAS, importable, install_hint
+from tests.tiers import INTERPRETED_BACKEND, INTERPRETED_SUITE, PARITY_TEST, interpreted_parity_outside_kept_is_slow
 
 ROOT = Path(__file__).resolve().parent
 FOLDER_NEEDS = {"tests/kernels": "triton"}
 """Test folder -> the extra module every test in it needs."""
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_]+)")
-INTERPRETED_SUITE = "smoke"
-INTERPRETED_BACKEND = "triton"
-PARITY_TEST = "tests/harness/test_parity.py"
-
-
-def interpreted_cases() -> set[str]:
-    """Case ids whose interpreted Triton parity tests stay in the default tier: the smoke cases, then
-    in ``ci`` order the first case of each ``(format.variant+options, granularity, layout)`` that none
-    of those has (59 cases)."""
-    from moe_fq_parity.cases import suite
-
-    def key(case) -> tuple:
-        return case.fmt, case.variant, case.options, case.granularity, case.layout
-
-    kept = {c.id for c in suite(INTERPRETED_SUITE)}
-    seen = {key(c) for c in suite(INTERPRETED_SUITE)}
-    for c in suite("ci"):
-        if key(c) not in seen:
-            seen.add(key(c))
-            kept.add(c.id)
-    return kept
-
-
-def _interpreted_parity_outside_smoke_is_slow(items: list[pytest.Item]) -> None:
-    """``slow`` on the interpreted Triton parity tests of ``PARITY_TEST`` whose case is not one of
-    ``interpreted_cases`` (no CUDA device); runs before ``-m`` selects (``tryfirst``)."""
-    if torch.cuda.is_available():
-        return
-    kept: set[str] | None = None
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        case = params.get("parity_case")
-        if case is None or params.get("parity_backend") != INTERPRETED_BACKEND or not item.nodeid.startswith(PARITY_TEST):
-            continue
-        if kept is None:
-            kept = interpreted_cases()
-        if case.id not in kept:
-            item.add_marker(pytest.mark.slow)
-
-
 def pytest_report_header(config: pytest.Config) -> str | None:
     if torch.cuda.is_available():
         return None
@@ -97,7 +58,7 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _interpreted_parity_outside_smoke_is_slow(items)
+    interpreted_parity_outside_kept_is_slow(items)
     _skip_gpu_tests_without_cuda(items)
     missing = {folder: module for folder, module in FOLDER_NEEDS.items() if not importable(module)}
     if not missing:

@@ -1,10 +1,10 @@
-"""The default tier's interpreted Triton parity cases (``conftest.interpreted_cases``): every smoke
+"""The default tier's interpreted Triton parity cases (``tests.tiers.interpreted_cases``): every smoke
 case, and every ``(format, variant, options, granularity, layout)`` of the ``ci`` suite keeps at
 least one case, so moving the others to ``slow`` leaves no variant of the kernel uninterpreted."""
 
 from __future__ import annotations
 
-from conftest import interpreted_cases
+from tests.tiers import interpreted_cases
 from moe_fq_parity.cases import suite
 
 

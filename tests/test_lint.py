@@ -35,3 +35,11 @@ def test_the_configuration_flags_what_it_selects() -> None:
     for code in ("F401", "E741"):
         assert code in proc.stdout, proc.stdout
     assert [ln.split(":")[1] for ln in proc.stdout.splitlines() if "E501" in ln] == ["5"], proc.stdout
+
+
+def test_importing_a_conftest_by_name_is_reported() -> None:
+    """``from conftest import ...`` in a test module picks whichever ``conftest.py`` pytest imported
+    last (an ImportError that depends on the xdist distribution), so the lint bans it."""
+    proc = _ruff("--output-format", "concise", "--stdin-filename", "tests/planted.py", "-",
+                 stdin="from conftest import interpreted_cases\n\nprint(interpreted_cases)\n")
+    assert proc.returncode == 1 and "TID251" in proc.stdout, proc.stdout + proc.stderr
