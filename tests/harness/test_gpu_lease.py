@@ -1,9 +1,13 @@
 """One GPU test per GPU at a time under pytest-xdist (``harness.run.gpu_lease``), proven on CPU.
 
-A throwaway project fakes two CUDA devices in its conftest (device count, UUIDs, ``set_device``) and
-runs GPU tests (marked ``slow``) and plain tests with ``-n 2``: every GPU test runs on a leased
-device and no two GPU tests overlap on one device.  The same project without the plugin does overlap
-(the control that shows the assertion can fail).
+A throwaway project fakes CUDA devices in its conftest (device count, UUIDs, ``set_device``) and runs
+GPU tests (marked ``slow``), GPU-host tests that take no lease and plain tests under xdist: every GPU
+test runs on a leased device and no two GPU tests overlap on one device.  The same project without
+the plugin does overlap (the control that shows the assertion can fail).
+
+Each fake session costs a process per xdist worker plus the controller, each importing torch: the
+tests that assert on the same project and options share one session (module-scoped fixtures), and
+each session has the fewest workers its assertions need.
 """
 
 from __future__ import annotations
@@ -16,50 +20,57 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
 from moe_fq_parity.harness.run import gpu_lease
 
+# Without FAKE_GPUS (the control, run without the plugin) nothing reads torch.cuda: torch is not imported there.
 CONFTEST = """
 import os
 from types import SimpleNamespace
 
-import torch
-
-COUNT = int(os.environ["FAKE_GPUS"])
 current = [0]
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: COUNT
-torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=f"fake-{i}")
-torch.cuda.set_device = lambda i: current.__setitem__(0, i)
+if "FAKE_GPUS" in os.environ:
+    import torch
+
+    COUNT = int(os.environ["FAKE_GPUS"])
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: COUNT
+    torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=f"fake-{i}")
+    torch.cuda.set_device = lambda i: current.__setitem__(0, i)
 """
 
-TESTS = """
+PLAIN_SLEEP_S = 0.5
+"""How long a test of ``PLAIN_TESTS`` runs.  Overlaps are read off the logged intervals: the first tests
+of the workers start together (xdist hands them out at once, after every worker has collected), so two
+of them overlap whenever their start skew (process wake-ups, the first test's deferred plugin imports,
+a few to some hundred ms on a loaded machine) is below this."""
+
+PLAIN_ORDER = ["gpu", "gpu", "host", "gpu", "gpu", "gpu", "cpu", "gpu", "host", "cpu"]
+"""``PLAIN_TESTS`` in collection order: 6 GPU tests (``slow``), 2 ``gpu(lease=False)`` tests, 2 plain
+ones.  xdist's first hand-out with 3 workers (the plugin's scheduler, one test a scope: tests 0, 1, 2
+to gw0, gw1, gw2; plain ``load``: chunks of 2, tests 0, 2, 4 first) starts two GPU tests and a host
+test together."""
+
+PLAIN_TESTS = f"""
 import json, os, time
 
 import pytest
 
 from conftest import current
 
+MARKS = {{"gpu": pytest.mark.slow, "host": pytest.mark.gpu(lease=False), "cpu": ()}}
 
-def _log(kind, i):
+
+@pytest.mark.parametrize("kind, i", [pytest.param(k, i, marks=MARKS[k]) for i, k in enumerate({PLAIN_ORDER!r})])
+def test_fake(kind, i):
     start = time.time()
-    time.sleep(0.5)
+    time.sleep({PLAIN_SLEEP_S})
     with open(os.environ["LEASE_LOG"], "a") as f:
-        f.write(json.dumps({"kind": kind, "i": i, "device": current[0], "start": start, "end": time.time(),
-                            "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\\n")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("i", range(6))
-def test_gpu(i):
-    _log("gpu", i)
-
-
-@pytest.mark.parametrize("i", range(6))
-def test_cpu(i):
-    _log("cpu", i)
+        f.write(json.dumps({{"kind": kind, "i": i, "device": current[0], "start": start, "end": time.time(),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER")}}) + "\\n")
 """
 
 
@@ -87,12 +98,17 @@ def test_cpu(i):
 """
 
 
-def _run_project(tmp_path: Path, *extra: str, tests: str = TESTS, gpus: int = 2, workers: int = 2) -> list[dict]:
+def _run_project(tmp_path: Path, *extra: str, tests: str = PLAIN_TESTS, gpus: Optional[int] = 2, workers: int = 3) -> list[dict]:
+    """Run ``tests`` in a fresh project under ``tmp_path`` with ``-n workers`` on ``gpus`` fake GPUs
+    (``None``: torch left alone) and return the rows its tests logged."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_fake_gpu.py").write_text(tests)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     log = tmp_path / "lease.jsonl"
-    env = dict(os.environ, FAKE_GPUS=str(gpus), LEASE_LOG=str(log), PARITY_GPU_LOCK_DIR=str(tmp_path / "locks"))
+    env = dict(os.environ, LEASE_LOG=str(log), PARITY_GPU_LOCK_DIR=str(tmp_path / "locks"))
+    env.pop("FAKE_GPUS", None)
+    if gpus is not None:
+        env["FAKE_GPUS"] = str(gpus)
     # Hypothesis is not used by the fake project: its plugin (about 0.6 s a process here) is left out
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", "-n", str(workers), *extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -102,16 +118,16 @@ def _run_project(tmp_path: Path, *extra: str, tests: str = TESTS, gpus: int = 2,
 
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_one_worker_per_gpu_and_a_case_stays_on_one_worker(tmp_path, gpus):
-    """``-n 3`` on G fake GPUs, no case sharing a GPU: the GPU tests run on G workers (one group per
-    GPU, on that GPU), all checks of one case on one worker and GPU, the groups balanced by the cases'
-    bytes."""
+    """``-n G+1`` on G fake GPUs, no case sharing a GPU: the GPU tests run on G workers (one group per
+    GPU, on that GPU; the one extra worker, which runs the plain tests, gets none), all checks of one
+    case on one worker and GPU, the groups balanced by the cases' bytes."""
     from moe_fq_parity.cases import parse_case
     from moe_fq_parity.harness.core.memory import case_bytes
 
     from moe_fq_parity.harness.run.plugin_collect import gpu_case_groups
     from moe_fq_parity.harness.run.plugin_options import ParitySettings
 
-    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--parity-gpu-share-mib", "0", tests=CASE_TESTS, gpus=gpus, workers=3)
+    rows = _run_project(tmp_path, "--parity-suite", "smoke", "--parity-gpu-share-mib", "0", tests=CASE_TESTS, gpus=gpus, workers=gpus + 1)
     assert rows and all(r["kind"] == "case" for r in rows)
     settings = ParitySettings(report_dir=None, seed=0, suite="smoke", backends=(), mode="strict", timeout_s=None, hypothesis_profile="ci")
     groups = gpu_case_groups(settings, gpus)
@@ -132,13 +148,14 @@ def _overlaps(a: dict, b: dict) -> bool:
 
 
 def test_small_cases_share_a_gpu_and_large_ones_hold_it_alone(tmp_path):
-    """``-n 4`` on one fake GPU, the nightly's Ultra cases and some small ones: the small cases
+    """``-n 3`` on one fake GPU, the nightly's Ultra cases and some small ones: the small cases
     (``--parity-gpu-share-mib``, default 64) spread over the workers and their tests overlap on the
-    GPU; a large case's test overlaps no other test; every case stays on one worker."""
+    GPU; a large case's test overlaps no other test; every case stays on one worker.  Three workers:
+    one takes the large cases' GPU group, which leaves two for the small ones to overlap on."""
     from moe_fq_parity.cases import parse_case
     from moe_fq_parity.harness.run.plugin_collect import shares_gpu
 
-    rows = _run_project(tmp_path, "--parity-suite", "nightly", "-k", "5120x8192 or (N8 and 65x129 and normal)", tests=CASE_TESTS, gpus=1, workers=4)
+    rows = _run_project(tmp_path, "--parity-suite", "nightly", "-k", "5120x8192 or (N8 and 65x129 and normal)", tests=CASE_TESTS, gpus=1, workers=3)
     small = [r for r in rows if shares_gpu(parse_case(r["case"]), 64)]
     large = [r for r in rows if not shares_gpu(parse_case(r["case"]), 64)]
     assert small and large
@@ -153,9 +170,10 @@ def test_small_cases_share_a_gpu_and_large_ones_hold_it_alone(tmp_path):
 
 def test_an_explicit_other_dist_mode_is_kept(tmp_path):
     """``--dist worksteal`` is kept (no groups: cases spread over the workers); the leases alone
-    still keep one GPU test per GPU."""
+    still keep one GPU test per GPU.  Two workers on one fake GPU: both run case tests, so they
+    contend for it."""
     rows = _run_project(tmp_path, "--parity-suite", "smoke", "--dist", "worksteal", "--parity-gpu-share-mib", "0", tests=CASE_TESTS, gpus=1,
-                        workers=3)
+                        workers=2)
     assert len({r["worker"] for r in rows}) > 1
     assert _same_device_overlaps([dict(r, kind="gpu", i=k) for k, r in enumerate(rows)]) == []
 
@@ -176,28 +194,40 @@ def _same_device_overlaps(rows: list[dict]) -> list[tuple[int, int]]:
             if a["i"] < b["i"] and a["device"] == b["device"] and a["start"] < b["end"] and b["start"] < a["end"]]
 
 
-def test_gpu_tests_never_share_a_gpu_across_xdist_workers(tmp_path):
-    rows = _run_project(tmp_path)
-    assert len(rows) == 12
+@pytest.fixture(scope="module")
+def plain_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The rows of one run of ``PLAIN_TESTS`` with the plugin, ``-n 3`` on 2 fake GPUs: more workers
+    than GPUs, so GPU tests wait for leases, and a third worker for a host test to run beside the two
+    GPUs' tests."""
+    return _run_project(tmp_path_factory.mktemp("plain"))
+
+
+def test_gpu_tests_never_share_a_gpu_across_xdist_workers(plain_rows):
+    """Every test ran, no two GPU tests overlapped on one of the 2 fake GPUs, each ran on a leased
+    device (``set_device``), and the run was parallel."""
+    rows = plain_rows
+    assert len(rows) == len(PLAIN_ORDER)
     assert _same_device_overlaps(rows) == []
     assert {r["device"] for r in rows if r["kind"] == "gpu"} <= {0, 1}
     assert len({r["worker"] for r in rows}) > 1  # the run was parallel
 
 
-HOST_TESTS = TESTS.replace("def test_cpu(i):", "@pytest.mark.gpu(lease=False)\ndef test_host(i):").replace('_log("cpu", i)', '_log("host", i)')
-
-
-def test_a_gpu_test_that_uses_no_gpu_takes_no_lease(tmp_path):
+def test_a_gpu_test_that_uses_no_gpu_takes_no_lease(plain_rows):
     """``gpu(lease=False)`` (a GPU host, but neither memory nor kernels on the GPU: a compile, an NVML
-    query) runs beside the leased GPU tests; a lease would make it overlap none of them."""
-    rows = _run_project(tmp_path, tests=HOST_TESTS, gpus=1, workers=3)
+    query) runs beside the leased GPU tests: a host test runs at an instant when both fake GPUs run a
+    GPU test, which a lease (exclusive or shared, on either GPU) would rule out."""
+    rows = plain_rows
     host = [r for r in rows if r["kind"] == "host"]
-    assert len(host) == 6 and _same_device_overlaps(rows) == []
-    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a in host for b in rows if b["kind"] == "gpu")
+    assert len(host) == PLAIN_ORDER.count("host") and _same_device_overlaps(rows) == []
+    gpu = [r for r in rows if r["kind"] == "gpu"]
+    assert any(max(h["start"], a["start"], b["start"]) < min(h["end"], a["end"], b["end"])
+               for h in host for a in gpu for b in gpu if (a["device"], b["device"]) == (0, 1))
 
 
 def test_without_the_lease_gpu_tests_overlap_on_one_gpu(tmp_path):
-    rows = _run_project(tmp_path, "-p", "no:moe_fq_parity")
+    """Control: the same project and ``-n 3`` without the plugin (no leases, no ``set_device``: every
+    test logs device 0, and torch is not patched) has GPU tests that overlap."""
+    rows = _run_project(tmp_path, "-p", "no:moe_fq_parity", gpus=None)
     assert _same_device_overlaps(rows), "control: without leases the fake GPU tests should overlap"
 
 
