@@ -36,6 +36,19 @@ def _pytest(proj: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+"""For the sessions that run parity tests, which use no Hypothesis (its plugin costs about 0.5 s a process)."""
+
+
+def _project(root: Path) -> Path:
+    """A project whose one test file brings in the ready parity test."""
+    proj = root / "proj"
+    proj.mkdir()
+    (proj / "pytest.ini").write_text("[pytest]\n")
+    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    return proj
+
+
 def test_loading_the_plugin_imports_neither_torch_nor_numpy():
     code = ("import sys; import moe_fq_parity.harness.run.pytest_plugin; "
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
@@ -49,10 +62,9 @@ def test_another_projects_gpu_marker_is_left_alone(tmp_path):
     what its marker means is the project's choice."""
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: this project's own meaning\n")
     (tmp_path / "test_theirs.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_mine():\n    assert True\n")
-    proc = _pytest(tmp_path, CUDA_VISIBLE_DEVICES="")
+    proc = _pytest(tmp_path, "--trace-config", CUDA_VISIBLE_DEVICES="")  # --trace-config: the plugins it loaded, in the same session
     assert proc.returncode == 0 and "1 passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "moe_fq_parity" in subprocess.run([sys.executable, "-m", "pytest", "--trace-config", "--co", "-q", "-p", "no:cacheprovider"],
-                                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300).stdout  # loaded
+    assert re.search(r"^PLUGIN registered: <module 'moe_fq_parity\.harness\.run\.pytest_plugin'", proc.stdout, re.M), proc.stdout[-3000:]
 
 
 def test_another_projects_session_gets_no_torch_and_no_triton_interpreter(tmp_path):
@@ -70,29 +82,48 @@ def test_another_projects_session_gets_no_torch_and_no_triton_interpreter(tmp_pa
 
 def test_parity_tests_a_test_file_brings_in_start_the_session_when_collected(tmp_path):
     """The same kind of session, with the ready parity test imported by a test file and no option:
-    the settings are resolved when its tests are collected (the defaults), and they run."""
+    the settings are resolved when its tests are collected (the defaults), and they run (a few: the
+    forward tests of the ``8x40`` INT8 cases on the reference)."""
     (tmp_path / "test_parity_here.py").write_text("from moe_fq_parity.harness.run.parity_test import *  # noqa: F401,F403\n")
-    proc = _pytest(tmp_path, "-k", "reference and int8 and forward", "--co", CUDA_VISIBLE_DEVICES="")
+    selected = "reference and int8 and forward and 8x40"
+    proc = _pytest(tmp_path, *NO_HYPOTHESIS, "-k", selected, "--co", CUDA_VISIBLE_DEVICES="")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "tests collected" in proc.stdout, proc.stdout[-2000:]
-    run = _pytest(tmp_path, "-k", "reference and int8 and forward", "-x", CUDA_VISIBLE_DEVICES="")
+    run = _pytest(tmp_path, *NO_HYPOTHESIS, "-k", selected, "-x", CUDA_VISIBLE_DEVICES="")
     assert run.returncode == 0 and " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-@pytest.mark.parametrize("name, how", [("ExitsZero", "exited with code 0"), ("Segfaults", "killed by signal SIGSEGV")])
-def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(tmp_path, name, how):
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "pytest.ini").write_text("[pytest]\n")
-    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
-    spec = f"{HOSTILE}:{name}"
-    ids = [f"test_kernel.py::test_parity[{case}-{spec}-forward]" for case in (INT4, INT8)]
-    proc = _pytest(proj, *ids, "--parity-suite", "smoke", "--parity-backend", spec, "--parity-report", "out", PYTHONPATH=str(REPO))
+CRASHING = {"ExitsZero": "exited with code 0", "Segfaults": "killed by signal SIGSEGV"}
+"""Hostile backends that end their worker process on INT4 calls -> how the failure says it ended."""
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, list[tuple[str, str]]]:
+    """One session over both crashing backends: each backend's INT4 test, then its INT8 test (the order
+    the ids are given in): ``(output, report, [(test id, outcome), ...] in the order they ran)``."""
+    proj = _project(tmp_path_factory.mktemp("crash"))
+    specs = [f"{HOSTILE}:{name}" for name in CRASHING]
+    ids = [f"test_kernel.py::test_parity[{case}-{spec}-forward]" for spec in specs for case in (INT4, INT8)]
+    proc = _pytest(proj, *NO_HYPOTHESIS, "-vv", *ids, "--parity-suite", "smoke", *(a for spec in specs for a in ("--parity-backend", spec)),
+                   "--parity-report", "out", PYTHONPATH=str(REPO))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "1 failed, 1 passed" in out, out[-4000:]
-    assert "forward failed (crash) for " + INT4 in out and how in out and f"repro: moe-fq-parity run --case {INT4}" in out, out[-4000:]
-    report = json.loads((proj / "out" / "report.json").read_text())
-    by = {r["case_id"]: r for r in report["records"]}
+    assert proc.returncode == 1 and "2 failed, 2 passed" in out, out[-4000:]
+    ran = re.findall(r"^(test_kernel\.py::test_parity\[.*?\]) (PASSED|FAILED)", out, re.M)
+    return out, json.loads((proj / "out" / "report.json").read_text()), ran
+
+
+@pytest.mark.parametrize("name, how", CRASHING.items())
+def test_a_crashing_backend_fails_its_parity_test_and_the_session_goes_on(crashed, name, how):
+    """The backend's INT4 test fails as a crash (how the process ended, the repro); its INT8 test, the next
+    one the session runs, passes; the report records both."""
+    out, report, ran = crashed
+    spec = f"{HOSTILE}:{name}"
+    mine = [(test, outcome) for test, outcome in ran if f"-{spec}-" in test]
+    assert mine == [(f"test_kernel.py::test_parity[{INT4}-{spec}-forward]", "FAILED"), (f"test_kernel.py::test_parity[{INT8}-{spec}-forward]", "PASSED")], ran
+    section = out[out.index(f"test_parity[{INT4}-{spec}-forward] _"):]
+    section = re.split(r"\n[_=]", section, maxsplit=1)[0]  # up to the next failure's header or the summary
+    assert "forward failed (crash) for " + INT4 in section and how in section and f"repro: moe-fq-parity run --case {INT4}" in section, section
+    by = {r["case_id"]: r for r in report["records"] if r["backend"] == spec}
     assert report["complete"] and by[INT4]["outcome"] == "crash" and by[INT8]["verdict"] == "pass", report["records"]
 
 
@@ -101,11 +132,8 @@ def test_a_crash_in_one_check_fails_that_check_only(tmp_path):
     backend in one request; a crash there fails only the checks that crash when run on their own:
     the backend ending its process in its STE backward fails both backward tests, its forward and
     invariant tests pass."""
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "pytest.ini").write_text("[pytest]\n")
-    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
-    proc = _pytest(proj, "--parity-suite", "smoke", "--parity-backend", f"{HOSTILE}:ExitsInBackward", "-k", "int4 and N4 and 8x40 and outliers",
+    proj = _project(tmp_path)
+    proc = _pytest(proj, *NO_HYPOTHESIS, "--parity-suite", "smoke", "--parity-backend", f"{HOSTILE}:ExitsInBackward", "-k", "int4 and N4 and 8x40 and outliers",
                    "-vv", PYTHONPATH=str(REPO))
     out = proc.stdout + proc.stderr
     results = dict(re.findall(r"test_parity\[.*?-(\w+(?:\.\w+)?)\] (PASSED|FAILED|SKIPPED)", out))
@@ -117,13 +145,10 @@ def test_a_crash_in_one_check_fails_that_check_only(tmp_path):
 def test_worker_and_in_process_parity_tests_give_the_same_records(tmp_path):
     """The worker (default) and ``--parity-in-process`` judge alike: same records, same verdicts and
     counts, every check of a case sharing that case's tensors either way."""
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "pytest.ini").write_text("[pytest]\n")
-    (proj / "test_kernel.py").write_text("from moe_fq_parity.harness.run.parity_test import test_parity  # noqa: F401\n")
+    proj = _project(tmp_path)
     reports = {}
     for mode, extra in (("worker", ()), ("in-process", ("--parity-in-process",))):
-        proc = _pytest(proj, "--parity-suite", "smoke", "--parity-backend", "reference", "-k", "int8 and outliers",
+        proc = _pytest(proj, *NO_HYPOTHESIS, "--parity-suite", "smoke", "--parity-backend", "reference", "-k", "int8 and outliers",
                        "--parity-report", mode, *extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         report = json.loads((proj / mode / "report.json").read_text())

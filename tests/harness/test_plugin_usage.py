@@ -128,7 +128,10 @@ def test_parity_report_honours_the_run_lock(run_pytest, tmp_path):
 
 
 def test_merge_out_honours_the_run_lock(tmp_path, capsys):
-    cases = ["--no-sections", "--no-progress", "--backend", "reference", "--suite", "ci", "--cases", "int8.cuda/per_expert/*/N4/8x40/*"]
+    """``merge --out`` into a folder another run holds: exit 2 naming the folder, no report written.  The
+    shards only feed the merge: their forward checks, in process (no worker to start)."""
+    cases = ["--no-sections", "--no-progress", "--backend", "reference", "--suite", "ci", "--cases", "int8.cuda/per_expert/*/N4/8x40/*",
+             "--checks", "forward", "--in-process"]
     for i in (1, 2):
         assert cli_main(["run", *cases, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")]) == 0
     merged = tmp_path / "merged"
