@@ -63,8 +63,10 @@ def test_a_backend_flushing_denormals_is_judged_against_a_clean_reference(tmp_pa
 
 
 def test_a_backend_setting_the_default_dtype_fails_itself_not_the_next_case(tmp_path):
+    """In this process (``--in-process``), so the last line checks the run's own process; the guard in a
+    worker is the flushing test's above."""
     rc, report = _run(tmp_path / "dt", "--case", INT8, "--case", SPECIAL, "--backend", f"{HOSTILE}:SetsDefaultDtype",
-                      "--backend", "reference", "--checks", "forward")
+                      "--backend", "reference", "--checks", "forward", "--in-process")
     assert rc == 1 and len(report["records"]) == 4
     by = {(r["case_id"], r["backend"].split(":")[-1]): r for r in report["records"]}
     assert all(by[(c, "reference")]["verdict"] == "pass" for c in (INT8, SPECIAL))
@@ -79,20 +81,31 @@ INT4 = "int4.cuda/per_expert/stacked/N4/16x48/special@design/s0"
 """The hostile backends misbehave on INT4 calls only: the INT8 case after it shows the run going on."""
 
 
+ENDERS = ("ExitsZero", "Segfaults")
+
+
+@pytest.fixture(scope="module")
+def ended(tmp_path_factory) -> tuple[int, dict]:
+    """One run of both process-ending backends and the reference, one worker: on INT4 the first kills
+    its worker, the second kills the fresh one, the reference runs in a third, and INT8 goes on in
+    that one (two runs of one ender each cost two more worker starts and a run)."""
+    return _run(tmp_path_factory.mktemp("ended") / "r", "--case", INT4, "--case", INT8, *(a for n in ENDERS for a in ("--backend", f"{HOSTILE}:{n}")),
+                "--backend", "reference", "--checks", "forward,backward.clipped", "--workers", "1")
+
+
 @pytest.mark.parametrize("name, how", [("ExitsZero", "exited with code 0"), ("Segfaults", "killed by signal SIGSEGV")])
-def test_a_backend_that_ends_its_process_gives_crash_records_and_the_run_goes_on(tmp_path, name, how):
-    rc, report = _run(tmp_path / name, "--case", INT4, "--case", INT8, "--backend", f"{HOSTILE}:{name}", "--backend", "reference",
-                      "--checks", "forward,backward.clipped")
+def test_a_backend_that_ends_its_process_gives_crash_records_and_the_run_goes_on(ended, name, how):
+    rc, report = ended
     assert rc == 1 and report["complete"] and report["meta"]["isolation"] == "worker"
     by = {(r["case_id"], r["backend"].split(":")[-1], r["check"]): r for r in report["records"]}
-    assert len(by) == 8, sorted(by)
+    assert len(by) == 12, sorted(by)
     crashed = by[(INT4, name, "forward")]
     assert crashed["outcome"] == "crash" and crashed["verdict"] == "fail" and how in crashed["message"], crashed["message"]
     assert crashed["repro"].startswith("moe-fq-parity run --case " + INT4) and "--checks forward" in crashed["repro"]
     not_run = by[(INT4, name, "backward.clipped")]
     assert not_run["outcome"] == "crash" and not_run["message"].startswith("not run: in check forward"), not_run["message"]
-    # the case's other backend, and the next case, ran in a fresh worker
-    assert [by[k]["verdict"] for k in sorted(by) if k[:2] != (INT4, name)] == ["pass"] * 6
+    # the case's other backends, and the next case, ran in a fresh worker
+    assert [by[k]["verdict"] for k in sorted(by) if k[:2] not in {(INT4, n) for n in ENDERS}] == ["pass"] * 8
 
 
 def test_a_backend_that_hangs_past_every_alarm_gives_a_timeout_record(tmp_path):
@@ -141,19 +154,24 @@ def test_isolation_works_from_a_script_read_from_stdin(tmp_path):
 def test_sigterm_ends_a_run_whose_backend_swallows_every_exception(tmp_path, workers):
     """In process such a backend swallows the run's own ``Terminated`` too (the run outlived SIGTERM);
     isolated, the signal reaches the parent, which writes the partial report and kills the worker
-    (with two workers: both hang, each in a case of its own)."""
+    (with two workers: both hang, each in a case of its own).  The signal comes once each worker has
+    said its hang began (a file named after its pid), not a fixed 2 s after the report appeared."""
     import signal
 
-    out = tmp_path / "term"
+    from tests.harness.hang_marker_backends import MARKER_DIR_ENV
+
+    out, hung = tmp_path / "term", tmp_path / "hung"
+    hung.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "moe_fq_parity.harness", "run", "--case", INT4, "--case", INT4.replace("N4", "N5"),
-                             "--backend", f"{HOSTILE}:HangsUninterruptibly", "--workers", str(workers),
+                             "--backend", "tests.harness.hang_marker_backends:HangsUninterruptiblyAndSays", "--workers", str(workers),
                              "--timeout", "0", "--checks", "forward", "--no-perf", "--no-sections", "--no-progress", "--out", str(out)],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), MARKER_DIR_ENV: str(hung)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     end = time.monotonic() + 120
-    while not (out / "report.json").exists():
-        assert time.monotonic() < end and proc.poll() is None, "the run never wrote its report"
-        time.sleep(0.2)
-    time.sleep(2.0)
+    # signalled once every worker hangs (each writes its pid first), and the report is there to be completed
+    while len(list(hung.iterdir())) < workers or not (out / "report.json").exists():
+        assert time.monotonic() < end and proc.poll() is None, "the run never wrote its report, or its workers never hung"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     try:

@@ -25,6 +25,16 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, dict]:
     return rc, json.loads((out / "report.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def forward_one(tmp_path_factory) -> Path:
+    """The folder of one in-process run of the reference on ``ONE``, forward only: the report that
+    three tests below compare, doctor or guard (each reads its own copy)."""
+    out = tmp_path_factory.mktemp("forward_one") / "out"
+    assert main(["run", "--no-progress", "--no-sections", "--in-process", "--backend", "reference", "--case", ONE, "--checks", "forward",
+                 "--out", str(out)]) == 0
+    return out
+
+
 def test_default_run_works_from_a_fresh_directory(tmp_path):
     """Defaults: suite smoke, all built-in backends, ./parity-report (sections are other modules' cost)."""
     proc = subprocess.run([str(Path(sys.executable).with_name("moe-fq-parity")), "run", "--no-sections"],
@@ -110,8 +120,8 @@ def test_interrupted_run_leaves_an_incomplete_report(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
 
 
-def test_compare_flags_regressions(tmp_path, capsys):
-    _, old = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward")
+def test_compare_flags_regressions(tmp_path, capsys, forward_one):
+    old = json.loads((forward_one / "report.json").read_text())
     base = tmp_path / "old.json"
     base.write_text(json.dumps(old))
     same = tmp_path / "same.json"
@@ -145,8 +155,8 @@ def test_compare_flags_slowdown(tmp_path):
     assert diff_reports(old, new).regressions and not diff_reports(old, new, slowdown=0.5).regressions
 
 
-def test_baseline_regression_fails_the_run(tmp_path):
-    _, good = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward")
+def test_baseline_regression_fails_the_run(tmp_path, forward_one):
+    good = json.loads((forward_one / "report.json").read_text())
     base = tmp_path / "base.json"
     good["records"][0]["backend"] = f"{BROKEN}:OneUlpHigh"
     good["records"][0]["key"] = f"{ONE}|{BROKEN}:OneUlpHigh|forward"
@@ -223,13 +233,14 @@ def test_unknown_case_id_and_empty_selection(tmp_path, capsys):
     assert main(["run", "--cases", "no-such-*", "--out", str(tmp_path)]) == 2
 
 
-def test_out_that_would_overwrite_the_baseline_is_refused_before_any_work(tmp_path, capsys):
+def test_out_that_would_overwrite_the_baseline_is_refused_before_any_work(tmp_path, capsys, forward_one):
     """``--baseline D/report.json --out D`` (or a symlink to either) would replace the baseline with
     the new report: a usage error before anything runs, the baseline byte for byte as it was."""
     import os
+    import shutil
 
-    rc, _ = _run(tmp_path, "--backend", "reference", "--case", ONE, "--checks", "forward", "--in-process")
     out = tmp_path / "out"
+    shutil.copytree(forward_one, out)
     base = out / "report.json"
     before = base.read_bytes()
     (tmp_path / "link.json").symlink_to(base)

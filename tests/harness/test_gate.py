@@ -22,7 +22,8 @@ ONE = "int8.cuda/per_expert/stacked/N4/8x40/outliers/s0"
 
 
 def _run(out: Path, *args: str) -> int:
-    return main(["run", "--suite", "smoke", "--backend", "reference", "--no-progress", "--no-sections", "--out", str(out), *args])
+    """A run in this process: these tests judge the reports it writes, never its isolation (a worker start per run cost ~1.5 CPU-s)."""
+    return main(["run", "--suite", "smoke", "--backend", "reference", "--no-progress", "--no-sections", "--in-process", "--out", str(out), *args])
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,11 @@ record; a case it declares and then declines fails; ``compare`` reads reports fr
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -60,10 +63,26 @@ class Undeclared(CudaOnly):
     options = None  # type: ignore[assignment]
 
 
-def _run(tmp_path: Path, backend: str) -> tuple[int, dict, str]:
-    out = tmp_path / backend
-    rc = main(["run", "--suite", "ci", "--cases", CASES, "--backend", f"{MODULE}:{backend}", "--no-sections", "--no-progress", "--out", str(out)])
-    return rc, json.loads((out / "report.json").read_text()), (out / "report.html").read_text()
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Callable[[str], tuple[int, dict, str, str]]:
+    """``runs(backend)``: the exit code, a fresh copy of report.json, report.html and the printed text
+    of one run of ``backend`` on ``CASES``, made once per module (two tests read each of CudaOnly's
+    and Undeclared's runs).  In this process: the plan is the parent's either way, and a worker
+    start would cost more than the four cases."""
+    base = tmp_path_factory.mktemp("na")
+    done: dict[str, tuple[int, str, str, str]] = {}
+
+    def run(backend: str) -> tuple[int, dict, str, str]:
+        if backend not in done:
+            out, printed = base / backend, io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                rc = main(["run", "--suite", "ci", "--cases", CASES, "--backend", f"{MODULE}:{backend}", "--no-sections", "--no-progress",
+                           "--in-process", "--out", str(out)])
+            done[backend] = rc, (out / "report.json").read_text(), (out / "report.html").read_text(), printed.getvalue()
+        rc, text, html, printed_text = done[backend]
+        return rc, json.loads(text), html, printed_text
+
+    return run
 
 
 def test_triton_declares_its_variants_and_the_nightly_plans_accordingly():
@@ -81,8 +100,8 @@ def test_triton_declares_its_variants_and_the_nightly_plans_accordingly():
     assert lb.obj.options["nvfp4"] == {"block_size": (16,), "tile_2d": None}
 
 
-def test_cases_outside_the_declaration_are_counted_not_skipped(tmp_path, capsys):
-    rc, report, html = _run(tmp_path, "CudaOnly")
+def test_cases_outside_the_declaration_are_counted_not_skipped(runs):
+    rc, report, html, out = runs("CudaOnly")
     validate(report)
     assert rc == 0
     other = [r for r in report["records"] if r["case_id"].split("/")[0].split("+")[0] != "int8.cuda"]
@@ -92,20 +111,19 @@ def test_cases_outside_the_declaration_are_counted_not_skipped(tmp_path, capsys)
     na = report["not_applicable"][f"{MODULE}:CudaOnly"]
     assert na["cases"] == 3 and na["records"] == 3 * 4  # eager, reciprocal, step x forward and the three invariants
     assert {r["reason"] for r in na["reasons"]} == {f"cuda-only implements the int8 variants ['cuda'], not {v!r}" for v in ("eager", "reciprocal", "step")}
-    out = capsys.readouterr().out
     assert f"12 checks not applicable to their backend (not run, not skips): 12 on {MODULE}:CudaOnly (3 cases)" in out
     assert LABEL in html and "12 checks of 3 cases" in html
 
 
-def test_a_declared_variant_that_is_declined_fails(tmp_path):
-    rc, report, _ = _run(tmp_path, "DeclaresStepButDeclines")
+def test_a_declared_variant_that_is_declined_fails(runs):
+    rc, report, _, _ = runs("DeclaresStepButDeclines")
     step = [r for r in report["records"] if r["case_id"].startswith("int8.step/")]
     assert rc == 1 and step and all(r["verdict"] == "fail" for r in step if r["check"].startswith(("forward", "invariant")))
     assert "declined a format it declares" in next(r for r in step if r["check"] == "forward")["message"]
 
 
-def test_without_a_declaration_a_declined_variant_stays_a_skip(tmp_path):
-    rc, report, _ = _run(tmp_path, "Undeclared")
+def test_without_a_declaration_a_declined_variant_stays_a_skip(runs):
+    rc, report, _, _ = runs("Undeclared")
     step = [r for r in report["records"] if r["case_id"].startswith("int8.step/") and r["check"] == "forward"]
     assert rc == 0 and step[0]["verdict"] == "skip" and not report["not_applicable"]
 
@@ -131,9 +149,9 @@ def test_a_malformed_declaration_breaks_the_contract():
         check_backend(bad)
 
 
-def test_compare_reads_a_report_from_before_and_merge_sums_the_shards(tmp_path):
-    _, new, _ = _run(tmp_path, "CudaOnly")
-    _, old, _ = _run(tmp_path, "Undeclared")
+def test_compare_reads_a_report_from_before_and_merge_sums_the_shards(runs):
+    _, new, _, _ = runs("CudaOnly")
+    _, old, _, _ = runs("Undeclared")
     for r in old["records"]:  # the same backend as before it declared its variants
         r["backend"] = new["records"][0]["backend"]
         r["key"] = f"{r['case_id']}|{r['backend']}|{r['check']}"

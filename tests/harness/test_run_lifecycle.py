@@ -36,10 +36,15 @@ def _run(out: Path, *args: str) -> tuple[int, dict]:
     return rc, json.loads((out / "report.json").read_text())
 
 
+IN_PROCESS = "--in-process"
+"""For runs whose assertions are on the report, not on isolation: a worker start costs ~1.5 CPU-s a run
+(the records are the same either way: ``test_backend_isolation``)."""
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("base") / "r"
-    rc, _ = _run(out, "--suite", "smoke", "--backend", "reference")
+    rc, _ = _run(out, "--suite", "smoke", "--backend", "reference", IN_PROCESS)
     assert rc == 0
     return out / "report.json"
 
@@ -101,7 +106,7 @@ def test_a_killed_run_fails_its_gate(tmp_path, baseline):
 
 
 def test_run_baseline_on_a_complete_run_is_not_incomplete(tmp_path, baseline):
-    rc, report = _run(tmp_path / "b", "--suite", "smoke", "--backend", "reference", "--baseline", str(baseline))
+    rc, report = _run(tmp_path / "b", "--suite", "smoke", "--backend", "reference", "--baseline", str(baseline), IN_PROCESS)
     assert rc == 0 and report["complete"]
     assert not report["baseline"]["regressions"], report["baseline"]["regressions"]
     assert not any("incomplete" in c for c in report["baseline"]["changes"])
@@ -110,7 +115,7 @@ def test_run_baseline_on_a_complete_run_is_not_incomplete(tmp_path, baseline):
 # --- 2: a declared format cannot silently lose coverage -------------------------------------------
 
 def test_declared_then_declined_format_fails(tmp_path, baseline):
-    rc, report = _run(tmp_path / "d", "--suite", "smoke", "--backend", f"{HOSTILE}:declares_then_declines")
+    rc, report = _run(tmp_path / "d", "--suite", "smoke", "--backend", f"{HOSTILE}:declares_then_declines", IN_PROCESS)
     assert rc == 1
     nv = [r for r in report["records"] if r["case_id"].startswith("nvfp4.te/") and r["check"] == "forward"]  # its default variant, no option
     assert nv and all(r["verdict"] == "fail" and "declined a format it declares" in r["message"] for r in nv)
@@ -147,7 +152,7 @@ def test_second_writer_is_refused(tmp_path, capsys):
         rc = main(["run", "--case", INT8, "--backend", "reference", "--no-progress", "--no-sections", "--out", str(out)])
         assert rc == 2 and "another run" in capsys.readouterr().err
         assert not (out / "report.json").exists()
-    rc, report = _run(out, "--case", INT8, "--backend", "reference")  # released: the next run writes
+    rc, report = _run(out, "--case", INT8, "--backend", "reference", IN_PROCESS)  # released: the next run writes
     assert rc == 0 and report["complete"]
     assert not (out / LOCK_NAME).exists(), "the lock file outlived the run"
 
@@ -210,14 +215,14 @@ def test_sigterm_leaves_a_partial_report_and_a_matching_html(tmp_path, baseline,
 # --- 6, 12: input mutation; every check starts from the generated inputs ---------------------------
 
 def test_a_backend_writing_into_its_weights_fails(tmp_path):
-    rc, report = _run(tmp_path / "w", "--suite", "smoke", "--backend", f"{HOSTILE}:writes_into_weights")
+    rc, report = _run(tmp_path / "w", "--suite", "smoke", "--backend", f"{HOSTILE}:writes_into_weights", IN_PROCESS)
     assert rc == 1
     fwd = [r for r in report["records"] if r["check"] == "forward" and r["verdict"] == "fail"]
     assert fwd and all("wrote to its inputs (weights of expert" in r["message"] for r in fwd)
 
 
 def test_amax_mutation_is_caught_per_check_and_each_repro_reproduces(tmp_path):
-    rc, report = _run(tmp_path / "a", "--case", INT8, "--backend", f"{HOSTILE}:halves_amax", "--timeout", "77")
+    rc, report = _run(tmp_path / "a", "--case", INT8, "--backend", f"{HOSTILE}:halves_amax", "--timeout", "77", IN_PROCESS)
     assert rc == 1
     fails = {r["check"]: r for r in report["records"] if r["verdict"] == "fail"}
     assert set(fails) == set(DEFAULT_CHECKS), sorted(fails)
