@@ -5,27 +5,43 @@ from __future__ import annotations
 from moe_fq_parity.harness.sections.processes import run_sections, start_sections
 
 
-def test_sections_run_at_once_in_their_own_processes_and_come_back_in_order(monkeypatch):
+MEET = "tests.harness.fake_meeting_sections:meet"
+
+
+def test_sections_run_at_once_in_their_own_processes_and_come_back_in_order(monkeypatch, tmp_path):
+    """Four sections at once: verdicts in the order chosen, one progress call each, a crash is a fail
+    row.  ``a`` and ``b`` wait for each other (``fake_meeting_sections.meet``): they overlap and end as
+    soon as both started; run one after the other, the first would wait out its 60 s and end before
+    the second started."""
     from moe_fq_parity.harness import sections
 
+    from . import fake_meeting_sections as meeting
+
     monkeypatch.setattr(sections, "SECTION_RUNNERS", {
-        "a": "tests.harness.fake_sections:sleepy", "bad": "tests.harness.fake_sections:failing",
-        "b": "tests.harness.fake_sections:sleepy", "crash": "tests.harness.fake_sections:dies",
+        "a": MEET, "bad": "tests.harness.fake_sections:failing", "b": MEET, "crash": "tests.harness.fake_sections:dies",
     })
+    monkeypatch.setenv(meeting.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(meeting.WAIT_ENV, "60")
     finished: list[str] = []
     out = run_sections("smoke", 1, "cpu", ["a", "bad", "b", "crash"], on_done=lambda done, last: finished.append(last["title"]), parallel=True)
     assert [s["verdict"] for s in out] == ["pass", "fail", "pass", "fail"]  # the order chosen, whatever finished first
     assert sorted(finished) == sorted(s["title"] for s in out)  # one progress call per section
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in (out[0], out[2]))
-    assert max(a0, b0) < min(a1, b1), "the two sleeping sections ran one after the other"
+    assert max(a0, b0) < min(a1, b1), "the two meeting sections ran one after the other"
     assert "exited with 3 before reporting" in out[3]["rows"][0]["message"]
     assert all(s["seconds"] >= 0 for s in out)
 
 
-def test_serial_sections_run_one_after_the_other(monkeypatch):
+def test_serial_sections_run_one_after_the_other(monkeypatch, tmp_path):
+    """``a`` and ``b`` wait up to 2 s for each other (``fake_meeting_sections.meet``): run at once they
+    would meet and overlap; one after the other, ``a`` waits out the 2 s and ends before ``b`` starts."""
     from moe_fq_parity.harness import sections
 
-    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_sections:sleepy", "b": "tests.harness.fake_sections:sleepy"})
+    from . import fake_meeting_sections as meeting
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": MEET, "b": MEET})
+    monkeypatch.setenv(meeting.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(meeting.WAIT_ENV, "2")
     out = run_sections("smoke", 1, "cpu", ["a", "b"], parallel=False)
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert a1 <= b0

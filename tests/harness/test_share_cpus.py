@@ -52,32 +52,47 @@ def test_xdist_workers_each_take_their_share(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
-def test_a_shard_shares_the_cpus_with_its_siblings(tmp_path: Path) -> None:
+RUN = ["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward", "--no-sections", "--no-progress",
+       "--in-process"]
+"""The smallest run that records ``meta.cpu``; its cases run in this process (``--in-process``): what is checked is the
+threads of the process that writes the report, and a case worker process would only add a PyTorch import."""
+
+
+def _run_with_64_threads(out: Path, *extra: str) -> tuple[int, dict]:
+    """``cli.main(RUN + extra)`` called as a fresh ``python -c`` process would: 64 PyTorch threads (more than
+    any share of this host's CPUs), no share count inherited (not this xdist worker's); this process's
+    threads and environment come back afterwards.  Returns the exit status and the report's ``meta.cpu``."""
+    import json
+
+    from moe_fq_parity.harness.run import cli
+
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(processes.SHARE_ENV, raising=False)
+        torch.set_num_threads(64)
+        try:
+            rc = cli.main([*RUN, "--out", str(out), *extra])
+        finally:
+            torch.set_num_threads(before)
+    meta = json.loads((out / "report.json").read_text())["meta"] if (out / "report.json").exists() else {}
+    return rc, meta.get("cpu", {})
+
+
+@pytest.fixture(scope="module")
+def half_shard(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    """``run --shard 1/2`` once for the two tests that read it: exit status, ``meta.cpu`` and the output folder."""
+    out = tmp_path_factory.mktemp("share") / "half"
+    return (*_run_with_64_threads(out, "--shard", "1/2"), out)
+
+
+def test_a_shard_shares_the_cpus_with_its_siblings(tmp_path: Path, half_shard: tuple[int, dict, Path]) -> None:
     """``run --shard 1/2`` runs with its threads capped at half the CPUs, ``--share-cpus 1`` with all
     of them, ``--share-cpus 0`` is refused before anything runs (threads as the report records them)."""
-    import json
-    import os
-
-    script = textwrap.dedent("""
-        import sys, torch
-        from moe_fq_parity.harness.run import cli
-        torch.set_num_threads(64)
-        sys.exit(cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward",
-                           "--no-sections", "--no-progress", "--out", sys.argv[1], *sys.argv[2:]]))
-    """)
-    env = {k: v for k, v in os.environ.items() if k != processes.SHARE_ENV}  # not this xdist worker's share
-
-    def run(name: str, *extra: str) -> tuple[int, dict]:
-        out = tmp_path / name
-        res = subprocess.run([sys.executable, "-c", script, str(out), *extra], capture_output=True, text=True, timeout=300, env=env)
-        meta = json.loads((out / "report.json").read_text())["meta"] if (out / "report.json").exists() else {}
-        return res.returncode, meta.get("cpu", {})
-
-    rc, cpu = run("half", "--shard", "1/2")
+    rc, cpu, _ = half_shard
     assert rc == 0 and cpu["share"] == 2 and cpu["torch_threads"] == max(1, cpu["usable"] // 2), cpu
-    rc, cpu = run("all", "--shard", "1/2", "--share-cpus", "1")
+    rc, cpu = _run_with_64_threads(tmp_path / "all", "--shard", "1/2", "--share-cpus", "1")
     assert rc == 0 and cpu["share"] == 1 and cpu["torch_threads"] == min(64, cpu["usable"]), cpu  # at most a thread per CPU
-    rc, cpu = run("refused", "--share-cpus", "0")
+    rc, cpu = _run_with_64_threads(tmp_path / "refused", "--share-cpus", "0")
     assert rc == 2 and cpu == {}
 
 
@@ -110,34 +125,40 @@ def test_section_processes_running_at_once_leave_each_other_a_cpu(monkeypatch) -
     assert [s["rows"][0]["fields"]["cpu_share"] for s in out] == [max(1, processes.cpu_share() - 2)] * 3
 
 
-def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch) -> None:
+def test_sections_run_one_after_the_other_when_the_share_is_small(monkeypatch, tmp_path: Path) -> None:
+    """With 2 CPUs for this process the sections run one after the other, with 8 at once.  The fake
+    sections wait for each other (``fake_meeting_sections.meet``): one after the other, the first
+    waits out its 2 s (the window in which a second section started at once would have met it) and
+    ends before the second starts; at once, they overlap and end when both started (a 60 s wait is
+    only spent where they do not run at once)."""
     from moe_fq_parity.harness import sections
 
-    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_sections:sleepy", "b": "tests.harness.fake_sections:sleepy"})
+    from . import fake_meeting_sections as meeting
+
+    monkeypatch.setattr(sections, "SECTION_RUNNERS", {"a": "tests.harness.fake_meeting_sections:meet", "b": "tests.harness.fake_meeting_sections:meet"})
     monkeypatch.setattr(processes, "usable_cpus", lambda: 32)
     monkeypatch.setenv(processes.SHARE_ENV, "16")  # 2 CPUs of 32 for this process: below PARALLEL_MIN_CPUS
+    (tmp_path / "serial").mkdir()
+    monkeypatch.setenv(meeting.DIR_ENV, str(tmp_path / "serial"))
+    monkeypatch.setenv(meeting.WAIT_ENV, "2")
     out = run_sections("smoke", 1, "cpu", ["a", "b"])
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert a1 <= b0
     monkeypatch.setenv(processes.SHARE_ENV, "4")  # 8 CPUs: at once
+    (tmp_path / "parallel").mkdir()
+    monkeypatch.setenv(meeting.DIR_ENV, str(tmp_path / "parallel"))
+    monkeypatch.setenv(meeting.WAIT_ENV, "60")
     out = run_sections("smoke", 1, "cpu", ["a", "b"])
     (a0, a1), (b0, b1) = ((s["rows"][0]["fields"]["start"], s["rows"][0]["fields"]["end"]) for s in out)
     assert max(a0, b0) < min(a1, b1)
 
 
-def test_report_meta_says_how_the_cpus_were_shared(tmp_path: Path) -> None:
-    """``meta.cpu`` of a sharded run: the CPUs, the share count and the threads of the run."""
-    import json
-
-    env = {k: v for k, v in __import__("os").environ.items() if k != processes.SHARE_ENV}  # not this xdist worker's share
-    res = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness", "run", "--suite", "smoke", "--backend", "reference",
-                          "--cases", "int8.*", "--checks", "forward", "--no-sections", "--no-progress", "--shard", "1/2",
-                          "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    report = json.loads((tmp_path / "r" / "report.json").read_text())
-    cpu = report["meta"]["cpu"]
+def test_report_meta_says_how_the_cpus_were_shared(half_shard: tuple[int, dict, Path]) -> None:
+    """``meta.cpu`` of a sharded run: the CPUs, the share count and the threads of the run, also in the HTML report."""
+    rc, cpu, out = half_shard
+    assert rc == 0
     assert cpu["share"] == 2 and cpu["torch_threads"] == max(1, cpu["usable"] // 2), cpu
-    assert "shared by 2 process(es)" in (tmp_path / "r" / "report.html").read_text()
+    assert "shared by 2 process(es)" in (out / "report.html").read_text()
 
 
 def test_a_run_in_process_gives_the_threads_and_share_back(tmp_path: Path, monkeypatch, restore_threads) -> None:
@@ -148,7 +169,6 @@ def test_a_run_in_process_gives_the_threads_and_share_back(tmp_path: Path, monke
     monkeypatch.setenv(processes.SHARE_ENV, "1")
     torch.set_num_threads(max(2, processes.usable_cpus()))
     before = torch.get_num_threads()
-    rc = cli.main(["run", "--suite", "smoke", "--backend", "reference", "--cases", "int8.*", "--checks", "forward", "--no-sections",
-                   "--no-progress", "--shard", "1/2", "--share-cpus", "8", "--out", str(tmp_path / "r")])
+    rc = cli.main([*RUN, "--shard", "1/2", "--share-cpus", "8", "--out", str(tmp_path / "r")])
     assert rc == 0
     assert torch.get_num_threads() == before and processes.share_count() == 1

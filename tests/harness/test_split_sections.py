@@ -70,7 +70,11 @@ def test_every_split_runner_takes_a_part_and_no_other_does():
 
 
 def _run(out: Path, *args: str) -> int:
-    return main(["run", "--suite", "ci", "--backend", "reference", "--no-progress", "--out", str(out), "--cases", "int8.*/per_expert/stacked/*", *args])
+    """A run of 30 ci cases with the fake sections: its forward checks only, in this process (the tests
+    are about the sections and the shards' parts of them; a case worker process and the other checks
+    would only add a PyTorch import and the checks' time)."""
+    return main(["run", "--suite", "ci", "--backend", "reference", "--no-progress", "--out", str(out), "--cases", "int8.*/per_expert/stacked/*",
+                 "--checks", "forward", "--in-process", *args])
 
 
 @pytest.fixture
