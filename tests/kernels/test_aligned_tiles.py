@@ -20,15 +20,21 @@ from moe_fq_parity.kernels.formats import FMT_NVFP4, QuantSpec, parse_spec
 from .bitcheck import AMAX_MODES, amax_stack, assert_same_bits, expert_weights
 from .test_block_formats import BLOCK, block_rows, boundary_amaxes, square_tiles
 
-SHAPES = [(48, 256), (0, 256), (17, 256), (5, 512)]
+SHAPES = [(16, 256), (0, 256), (7, 256), (5, 512)]
+"""Ragged experts (16, 7 and 5 rows), an empty one, rows of one and of two tiles; 16, 7 and 10 tiles:
+each expert's last program short of tiles at 3 tiles a program."""
 AMAX_FORMATS = [("int8", {}), ("int4", {}), ("fp8_e4m3", {}), ("nvfp4", {})]
 DATA_FORMATS = [("int4_group", {}), ("fp8_block", {}), ("fp8_block", {"fp32_scale": True}), ("mxfp8", {}), ("mxfp4", {})]
 
 
 def _experts(gen: torch.Generator, fmt: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
-    if fmt in BLOCK:  # every scale boundary of the format, zero blocks, inf/NaN blocks where allowed
-        rows = block_rows(gen, boundary_amaxes(dtype), 256, BLOCK[fmt], fmt != "int4_group")
-        rows = rows[torch.randperm(rows.shape[0], generator=gen)]
+    """The block formats: blocks of ``block_rows`` one a row (its own scale boundary in each, zero
+    blocks, inf/NaN blocks where allowed), shuffled and laid 256 to a row, so a 256-wide row holds
+    256 / block boundaries (33 rows of MX: 264 of them); the experts are consecutive rows of them."""
+    if fmt in BLOCK:
+        blocks = block_rows(gen, boundary_amaxes(dtype), BLOCK[fmt], BLOCK[fmt], fmt != "int4_group")
+        blocks = blocks[torch.randperm(blocks.shape[0], generator=gen)].reshape(-1)
+        rows = blocks[: blocks.numel() // 256 * 256].view(-1, 256)
         out, i = [], 0
         for r, c in shapes:
             out.append(rows[i: i + r * c // 256].reshape(r, c).contiguous())
@@ -37,7 +43,8 @@ def _experts(gen: torch.Generator, fmt: str, dtype: torch.dtype, shapes: list[tu
     return expert_weights(gen, shapes, dtype, specials=fmt != "nvfp4")
 
 
-WIDE = [(12, 1024), (0, 1024), (5, 2048)]
+WIDE = [(5, 1024), (0, 1024), (3, 2048)]
+"""5 and 6 tiles: a short last program at 2 tiles a program."""
 LAYOUTS = {  # (dtype, tiles per program, tile width, shapes): a one-warp tile of 256 holds 8 elements a thread, of 1024 32
     "bf16-tpp1": (torch.bfloat16, 1, 256, SHAPES),
     "bf16-tpp3": (torch.bfloat16, 3, 256, SHAPES),
@@ -207,18 +214,24 @@ def test_square_tiles_in_every_layout_match_reference(fmt: str, block: int, layo
 @pytest.mark.parametrize("fmt,block", SQUARE, ids=[f for f, _ in SQUARE])
 def test_square_block_max_held_once(fmt: str, block: int, layout: str, gen: torch.Generator, device: str) -> None:
     """Square blocks whose largest magnitude is held by one element (the other tests' rows give
-    every row of a block its amax): at a random row and column, so either half of a bf16 pair's
-    word, of either sign; the rest below half of it.  A block max that misses one half or one
-    sign of the words (``tl_rounding.pair_magnitude_bits``) gives other bits."""
+    every row of a block its amax), the rest below half of it.  Block ``i``'s peak lies in the
+    word half ``i % 2`` of a bf16 pair, of sign ``(i // 2) % 2``, in one of the ``k = block // 8``
+    8-row chunks (two-pass: ``CHUNK_R = 8``), at a random row of the chunk and word of the row:
+    16 blocks of 16 or 32 rows, chunk ``(i + i // 4) % k``, give each half and sign every chunk;
+    6 blocks of 128 rows each half and sign, in chunks 0, 3, .. 15 (the first and the last).  A
+    block max that misses one half or one sign of the words (``tl_rounding.pair_magnitude_bits``)
+    or one chunk gives other bits."""
     spec = parse_spec(fmt, None, {"tile_2d": True})
-    nr, nc = (2, 3) if block == 128 else (12, 6)
+    nr, nc = (2, 3) if block == 128 else (4, 4)
     x = (torch.rand(nr * block, nc * block, generator=gen) - 0.5) * 2.0 ** torch.randint(-6, 6, (nr * block, 1), generator=gen).float()
-    for br in range(nr):
-        for bc in range(nc):
-            r = br * block + int(torch.randint(0, block, (), generator=gen))
-            c = bc * block + int(torch.randint(0, block, (), generator=gen))
-            peak = x[br * block:(br + 1) * block, bc * block:(bc + 1) * block].abs().max() * 3
-            x[r, c] = peak if torch.rand((), generator=gen) < 0.5 else -peak
+    n, k = nr * nc, block // 8
+    for i in range(n):
+        br, bc = divmod(i, nc)
+        chunk = (i + i // 4) % k if n >= 4 * k else i * (k - 1) // (n - 1)
+        r = br * block + chunk * 8 + int(torch.randint(0, 8, (), generator=gen))
+        c = bc * block + 2 * int(torch.randint(0, block // 2, (), generator=gen)) + i % 2
+        peak = x[br * block:(br + 1) * block, bc * block:(bc + 1) * block].abs().max() * 3
+        x[r, c] = -peak if (i // 2) % 2 else peak
     ws = [x.to(torch.bfloat16).to(device)]
     cfg = replace(layout_config("", 2048, 2), num_warps=2, square_rows_on_lanes=layout == "rows")
     if layout == "two-pass":

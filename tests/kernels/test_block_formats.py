@@ -78,11 +78,37 @@ def block_rows(gen: torch.Generator, amaxes: torch.Tensor, cols: int, block: int
     return torch.cat([x, torch.stack(extra).to(dtype)])
 
 
+def block_grid(gen: torch.Generator, amaxes: torch.Tensor, cols: int, block: int, specials: bool, group_rows: int = 1, keep: int = 0
+               ) -> torch.Tensor:
+    """``block_rows`` with one amax to each block instead of one to each row: rows in groups of
+    ``group_rows``, ``cols`` wide, ``amaxes`` given to the blocks of a group in turn, the full ones
+    and the short last one alike (the last group's spare blocks take the first amaxes again), every
+    row of a block holding its amax; then the extra rows of ``block_rows``, ``cols`` wide.  ``keep``:
+    the short block also holds its amax in its first ``short - keep`` columns, so it stays the
+    block's max when up to ``keep`` columns are cut off the rows.
+
+    A row of ``k`` blocks tests ``k`` amaxes, so every amax lands in a ``k``-th of the elements
+    (and of the interpreter's programs) that ``block_rows`` needs."""
+    full, short = divmod(cols, block)
+    slots = full + (short > 0)
+    groups = -(-amaxes.numel() // slots)
+    a = amaxes[torch.arange(groups * slots) % amaxes.numel()].view(groups, slots)
+    parts = []
+    if full:  # one block a row, [groups * full * group_rows, block], to [groups * group_rows, full * block]
+        x = block_rows(gen, a[:, :full].reshape(-1).repeat_interleave(group_rows), block, block, False)[: groups * full * group_rows]
+        parts.append(x.view(groups, full, group_rows, block).transpose(1, 2).reshape(groups * group_rows, full * block))
+    for width in (short - keep, keep) if keep else (short,):
+        if width:
+            parts.append(block_rows(gen, a[:, full].repeat_interleave(group_rows), width, block, False)[: groups * group_rows])
+    return torch.cat([torch.cat(parts, dim=1), block_rows(gen, amaxes[:0], cols, block, specials)])
+
+
 def _experts(gen: torch.Generator, fmt: str, dtype: torch.dtype, n: int) -> list[torch.Tensor]:
-    """``n`` experts cut from the boundary rows: ragged rows (a full block plus a short one), and an
-    empty expert among them when ``n > 1``."""
+    """``n`` experts cut from the boundary rows: ragged rows (a full block plus a short one, of 7 or
+    14 columns fewer for some experts), and an empty expert among them when ``n > 1``; one boundary
+    amax to each block, the short ones' within the columns every expert keeps (``block_grid``)."""
     block = BLOCK[fmt]
-    rows = block_rows(gen, boundary_amaxes(dtype), block + block // 2 + 3, block, fmt != "int4_group")
+    rows = block_grid(gen, boundary_amaxes(dtype), block + block // 2 + 3, block, fmt != "int4_group", keep=14)
     rows = rows[torch.randperm(rows.shape[0], generator=gen)]
     chunks = list(rows.chunk(n)) if n > 1 else [rows]
     out = []
@@ -107,8 +133,10 @@ def test_list_matches_reference(fmt: str, options: dict, dtype: torch.dtype, n: 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("fmt,options", FORMATS, ids=FORMAT_IDS)
 def test_stacked_matches_reference(fmt: str, options: dict, dtype: torch.dtype, n: int, gen: torch.Generator, device: str) -> None:
+    """Rows of two blocks and a short one of 5, one boundary amax each (``block_grid``): every
+    boundary of the dtype in a third of the rows of one a row."""
     block = BLOCK[fmt]
-    rows = block_rows(gen, boundary_amaxes(dtype), 2 * block + 5, block, fmt != "int4_group")
+    rows = block_grid(gen, boundary_amaxes(dtype), 2 * block + 5, block, fmt != "int4_group")
     rows = rows[torch.randperm(rows.shape[0], generator=gen)]
     r = rows.shape[0] // n
     x = rows[: n * r].reshape(n, r, -1).contiguous().to(device)
@@ -220,13 +248,13 @@ FORMATS_2D = [("fp8_block", {}), ("fp8_block", {"fp32_scale": True}), ("mxfp8", 
 FORMAT_2D_IDS = ["fp8_block", "fp8_block-fp32_scale", "mxfp8", "mxfp4"]
 
 
-def square_tiles(gen: torch.Generator, dtype: torch.dtype, block: int, cols: int, tiles: int) -> torch.Tensor:
-    """Rows in groups of ``block``: every group shares one boundary amax (``tiles`` of
-    ``boundary_amaxes``, evenly spread, the smallest and largest included), so every square tile of
-    the group holds it; then the special rows of ``block_rows`` (all-zero, inf, NaN)."""
+def square_tiles(gen: torch.Generator, dtype: torch.dtype, block: int, cols: int, tiles: int, keep: int = 0) -> torch.Tensor:
+    """``tiles`` of ``boundary_amaxes`` (evenly spread, the smallest and largest included), one to
+    each square block (``block_grid`` in groups of ``block`` rows: every row of a block holds its
+    amax; ``keep`` as there), then the special rows of ``block_rows`` (all-zero, inf, NaN)."""
     amaxes = boundary_amaxes(dtype)
-    pick = torch.linspace(0, amaxes.numel() - 1, tiles).round().long().unique()
-    return block_rows(gen, amaxes[pick].repeat_interleave(block), cols, block, True)
+    pick = amaxes[torch.linspace(0, amaxes.numel() - 1, tiles).round().long().unique()]
+    return block_grid(gen, pick, cols, block, True, block, keep)
 
 
 @pytest.mark.parametrize("n", [1, 4, 7])
@@ -236,11 +264,15 @@ def test_tile_2d_matches_reference(fmt: str, options: dict, dtype: torch.dtype, 
     """Square tiles (``tile_2d=True``: FP8 block-wise 128x128, MX 32x32): partial tiles in both dims
     (rows and in-features not multiples of the tile), list (ragged, an empty expert) and stacked.
     At N=4 a spread of 160 (FP8 block-wise 24) scale-boundary magnitudes; at N=1 and N=7 (the same
-    code, other splits) 24 (8), the smallest and largest included: the interpreter's time is the tile count."""
+    code, other splits) 24 (8), the smallest and largest included: the interpreter's time is the tile count.
+    Rows of 4 MX blocks and a short one (FP8 block-wise: 1 and a short one), one amax a block
+    (``square_tiles``): 160 magnitudes in 32 row groups, not 160, each tile 32 x 256 (FP8 128 x 256)
+    under the interpreter's configuration, its last block and last row group short; the short
+    block's amax within the columns every list expert keeps."""
     block = BLOCK[fmt]
     opts = dict(options, tile_2d=True)
     tiles = (24 if block == 128 else 160) if n == 4 else (8 if block == 128 else 24)
-    rows = square_tiles(gen, dtype, block, block + block // 2 + 3, tiles)
+    rows = square_tiles(gen, dtype, block, (1 if block == 128 else 4) * block + block // 2 + 3, tiles, keep=14)  # list experts cut 7 or 14 columns
     cut = [0, *sorted(torch.randperm(rows.shape[0] - 1, generator=gen)[: n - 1].add(1).tolist()), rows.shape[0]]
     ws = [rows[a:b, : rows.shape[1] - (i % 3) * 7].contiguous().to(device) for i, (a, b) in enumerate(zip(cut, cut[1:]))]
     if n > 1:
@@ -286,7 +318,8 @@ def test_backend_timed_entries_without_amax(fmt: str, options: dict, gen: torch.
     """The perf check's timed closures of the harness's Triton backend take ``amax=None``."""
     from moe_fq_parity.harness.backends.triton_backend import TritonBackend
 
-    ws = [w.to(device) for w in _experts(gen, "int4_group", torch.bfloat16, 1) * 3]
+    (w,) = _experts(gen, "int4_group", torch.bfloat16, 1)
+    ws = [c.to(device) for c in torch.cat([w, w[: -w.shape[0] % 3]]).chunk(3)]  # the boundary rows in thirds, one shape (stacked)
     want = reference.fake_quant_experts(ws, None, fmt, **options)
     entries = TritonBackend().timed_entries(ws, None, fmt, **options)
     for name in ("default", "unchecked"):
