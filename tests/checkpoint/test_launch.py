@@ -3,6 +3,10 @@ results come back intact (probes run once per test run, in ``conftest.gloo_run``
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,14 +85,20 @@ def test_a_failing_layout_gives_its_error_in_place_and_the_others_run():
 
 
 _FROM_STDIN = """
+import multiprocessing.forkserver as fs
 import sys
 sys.path.insert(0, {repo!r})
 from moe_fq_parity.harness import sections
 from moe_fq_parity.harness.sections.checkpoint.launch import run_ranks
 from moe_fq_parity.harness.sections.checkpoint.layout import Layout
+from moe_fq_parity.harness.sections.checkpoint.section import prepare
 from moe_fq_parity.harness.sections.processes import run_sections
 from tests.checkpoint.probes import stamp_job
-print("ranks", [r["rank"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))])
+prepare()
+print("server", fs._forkserver._forkserver_pid)
+ranks = run_ranks(stamp_job, 0.0, Layout(1, 2))
+print("ranks", [r["rank"] for r in ranks])
+print("parents", sorted({{r["ppid"] for r in ranks}}))
 sections.SECTION_RUNNERS.update({{"a": "tests.harness.fake_sections:passing", "b": "tests.harness.fake_sections:passing"}})
 print("sections", [s["verdict"] for s in run_sections("smoke", 1, "cpu", ["a", "b"], parallel=True)])
 import __main__
@@ -96,43 +106,29 @@ print("main", __main__.__file__)
 """
 
 
-def test_ranks_and_section_processes_start_from_a_script_read_from_stdin():
+@pytest.fixture(scope="module")
+def from_stdin() -> subprocess.CompletedProcess:
+    """``_FROM_STDIN`` run as ``python -`` once for the two tests below: one interpreter, torch import
+    and fork server instead of two (~2 s of CPU).  The dist section's ``prepare()`` starts the fork
+    server with ``<stdin>`` as the main file, the ranks start from that server (each rank's start
+    carries the main file too) and the section processes after them."""
+    repo = str(Path(__file__).resolve().parents[2])
+    return subprocess.run([sys.executable, "-"], input=_FROM_STDIN.format(repo=repo), capture_output=True, text=True, timeout=300, cwd=repo)
+
+
+def test_ranks_and_section_processes_start_from_a_script_read_from_stdin(from_stdin: subprocess.CompletedProcess) -> None:
     """``python - <<EOF`` names ``<stdin>`` as its main file; the rank and section processes used to
     die re-running it (``FileNotFoundError``), failing every dist row and every section."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, "-"], input=_FROM_STDIN.format(repo=repo), capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = from_stdin
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ranks [0, 1]" in proc.stdout and "sections ['pass', 'pass']" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "main <stdin>" in proc.stdout  # restored afterwards
 
 
-_AHEAD = """
-import multiprocessing.forkserver as fs
-import sys
-sys.path.insert(0, {repo!r})
-from moe_fq_parity.harness.sections.checkpoint.section import prepare
-from moe_fq_parity.harness.sections.checkpoint.launch import run_ranks
-from moe_fq_parity.harness.sections.checkpoint.layout import Layout
-from tests.checkpoint.probes import stamp_job
-prepare()
-print("server", fs._forkserver._forkserver_pid)
-print("parents", sorted({{r["ppid"] for r in run_ranks(stamp_job, 0.0, Layout(1, 2))}}))
-"""
-
-
-def test_the_sections_prepare_starts_the_fork_server_the_ranks_then_fork_from():
+def test_the_sections_prepare_starts_the_fork_server_the_ranks_then_fork_from(from_stdin: subprocess.CompletedProcess) -> None:
     """The dist section's ``prepare()`` (run while a run's cases still run) starts the fork server;
     the ranks of the section's first layout are forked from that server, not from a new one."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, "-c", _AHEAD.format(repo=repo)], capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = from_stdin
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert lines["server"] != "None" and lines["parents"] == f"[{lines['server']}]", proc.stdout

@@ -1,6 +1,7 @@
 """Megatron-Core ``dist_checkpointing`` as the checkpoint engine, for real, on CPU with gloo.
 
-``megatron_run`` (conftest) runs the same matrix as the DCP tests over ``MEGATRON_LAYOUTS``:
+``megatron_run`` (conftest) runs the same matrix as the DCP tests over ``MEGATRON_LAYOUTS``, as
+the dist section's command (its JSON rows judged here, its stderr in ``test_quiet_imports``):
 every round trip passes, every negative control is caught.  Megatron-Core 0.16.1's save makes
 two CUDA calls (``engines.CUDA_CALLS_ON_SAVE``); ``test_save_needs_cuda_only_for_two_calls``
 shows exactly that on a one-rank gloo group.
@@ -65,6 +66,16 @@ def test_negative_controls_fail_on_megatron_too(megatron_run):
                    "negative/vector_channel/", "negative/vector_global_rank/", "negative/payload_bitflip/"):
         rows = megatron_run.rows(prefix)
         assert rows and all(r.verdict == "pass" and "caught" in r.message for r in rows), (prefix, _explain(rows))
+
+
+def test_the_section_with_megatron_prints_no_third_party_warnings(megatron_run):
+    """The dist section's Megatron-Core rows (each rank is a process that imports Megatron-Core and
+    saves or loads through it) printed 22 warning lines for one save and one load layout before, none
+    now (a whole smoke ``run`` printed 87 and 162).  ``megatron_run`` is the section's command over
+    the Megatron matrix (3 save x 3 load layouts, 14 ranks, ``PYTHONWARNINGS`` unset, stderr kept),
+    so this check starts no ranks of its own."""
+    assert megatron_run.returncode == 0, megatron_run.stderr[-2000:]
+    assert "Warning" not in megatron_run.stderr, megatron_run.stderr[-3000:]
 
 
 def test_cpu_shim_restores_torch_cuda():

@@ -112,15 +112,3 @@ def test_an_upstream_call_holds_back_its_records_on_the_root_logger(tmp_path, mo
         loader.load()
     assert [r.getMessage() for r in caplog.records] == ["a real error", "ours, on the root logger", "Rank local metadata is not found.",
                                                         "a real error"]
-
-
-@pytest.mark.skipif(not importable("megatron"), reason="Megatron-Core not installed: nothing warns")
-def test_dist_section_with_megatron_prints_no_third_party_warnings(tmp_path):
-    """The dist section's Megatron-Core rows (one save and one load layout; each rank is a process that
-    imports Megatron-Core and loads through it) printed 22 warning lines before, none now (a whole
-    smoke ``run`` printed 87 and 162).  Cost: about 5 s of CPU, 10-60 s wall."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
-    proc = subprocess.run([sys.executable, "-m", "moe_fq_parity.harness.sections.checkpoint", "--save", "tp1ep2", "--load", "tp2ep1",
-                           "--engine", "megatron"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
