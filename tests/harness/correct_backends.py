@@ -22,7 +22,9 @@ harness), while the built-in mutants stay killed.  Loaded as ``tests.harness.cor
 
 from __future__ import annotations
 
-from typing import Sequence
+import hashlib
+from collections import OrderedDict
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -143,6 +145,56 @@ numpy_fp32 = NumpyFP32()
 
 # --- reference values, other freedoms ---------------------------------------------------------
 
+def _key(x: Any) -> Hashable:
+    """Everything about ``x`` the reference's result can depend on: a tensor's bytes, dtype, shape,
+    strides, device and ``requires_grad``; sequences and dicts item by item; anything else itself."""
+    if isinstance(x, Tensor):
+        raw = x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b""
+        return ("T", str(x.dtype), tuple(x.shape), x.stride(), str(x.device), x.requires_grad, hashlib.blake2b(raw, digest_size=16).digest())
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_key(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in sorted(x.items())))
+    return (type(x).__name__, x)
+
+
+_SHARED_CAP_BYTES = 64 << 20
+"""Bound of ``_SHARED``: the largest ci case's inputs and outputs are a few MiB, so one case's calls fit."""
+_SHARED: OrderedDict[Hashable, tuple[Tensor, ...]] = OrderedDict()
+"""Reference results by ``_key`` of the call, shared by the ``_ReferenceValues`` backends: in a run of
+several of them every call of one is repeated by the next with the same inputs (a third of the ci
+run's CPU time was this recomputation)."""
+_shared_bytes = [0]
+
+
+def _shared_reference(weights, amax, fmt, variant, options: dict) -> list[Tensor]:
+    """``reference.fake_quant_experts`` of the arguments, each call computed once: a repeated call
+    (equal bytes, dtypes, shapes, strides, devices and options) gets fresh clones of the first
+    call's outputs, bit for bit and stride for stride what the reference gives.  Calls that raise
+    are not kept (each raises anew), nor results that share memory with an input, nor calls whose
+    inputs require grad (their outputs belong to that call's autograd graph)."""
+    tensors = [t for t in (*weights, amax) if isinstance(t, Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):  # outputs on this call's graph: never shared
+        return reference.fake_quant_experts(weights, amax, fmt, variant, **options)
+    try:
+        key = _key((weights, amax, fmt, variant, options))
+    except (TypeError, RuntimeError):  # an argument the key cannot read (a hostile call): no sharing
+        return reference.fake_quant_experts(weights, amax, fmt, variant, **options)
+    hit = _SHARED.get(key)
+    if hit is not None:
+        _SHARED.move_to_end(key)
+        return [t.clone() for t in hit]
+    out = reference.fake_quant_experts(weights, amax, fmt, variant, **options)
+    inputs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+    if isinstance(out, list) and all(isinstance(t, Tensor) for t in out) and not any(t.numel() and t.untyped_storage().data_ptr() in inputs
+                                                                                     for t in out):
+        _SHARED[key] = tuple(t.clone() for t in out)
+        _shared_bytes[0] += sum(t.nbytes for t in out)
+        while _shared_bytes[0] > _SHARED_CAP_BYTES and len(_SHARED) > 1:
+            _shared_bytes[0] -= sum(t.nbytes for t in _SHARED.popitem(last=False)[1])
+    return out
+
+
 class _ReferenceValues:
     """The reference's values; subclasses change only what the spec leaves free."""
 
@@ -150,7 +202,7 @@ class _ReferenceValues:
     formats = set(FORMATS)
 
     def _ref(self, weights, amax, fmt, variant=None, **options) -> list[Tensor]:
-        return reference.fake_quant_experts(weights, amax, fmt, variant, **options)
+        return _shared_reference(weights, amax, fmt, variant, options)
 
     def fake_quant(self, weights, amax, fmt, variant=None, **options) -> list[Tensor]:
         return self._ref(weights, amax, fmt, variant, **options)

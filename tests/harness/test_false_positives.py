@@ -26,7 +26,7 @@ MODULE = "tests.harness.correct_backends"
 def _run(tmp_path: Path, *backends: str, extra: tuple[str, ...] = ()) -> tuple[int, dict]:
     out = tmp_path / "r"
     named = [a for b in backends for a in ("--backend", f"{MODULE}:{b}")]
-    rc = main(["run", "--suite", "ci", *named, "--no-sections", "--no-progress", "--out", str(out), *extra])
+    rc = main(["run", "--suite", "ci", *named, "--no-sections", "--no-progress", "--in-process", "--out", str(out), *extra])
     return rc, json.loads((out / "report.json").read_text())
 
 

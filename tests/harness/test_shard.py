@@ -54,7 +54,9 @@ def test_one_large_case_gets_a_shard_of_its_own():
 
 
 def _run(out: Path, *args: str) -> int:
-    return main(["run", "--suite", "ci", "--backend", "reference", "--no-progress", "--out", str(out), *args])
+    """``run --suite ci`` on the reference, in this process: what these tests prove is how cases are
+    split and merged, which the isolation worker (``test_backend_isolation``) takes no part in."""
+    return main(["run", "--suite", "ci", "--backend", "reference", "--no-progress", "--in-process", "--out", str(out), *args])
 
 
 def _strip(r: dict) -> dict:
@@ -76,9 +78,11 @@ split does not depend on the format, and four runs of the whole suite were a min
 
 def test_three_shards_merge_into_the_unsharded_report_record_for_record(tmp_path, fake_sections, capsys):
     assert _run(tmp_path / "full", *SHARDED) == 1  # the fake "bad" section fails the run
-    full = load(tmp_path / "full" / "report.json")
+    # plain JSON reads: schema validation (jsonschema, a third of this test's time) of these reports is
+    # the merge and compare commands' own, whose exit codes are asserted below
+    full = json.loads((tmp_path / "full" / "report.json").read_text())
     rcs = [_run(tmp_path / f"s{i}", "--shard", f"{i}/3", *SHARDED) for i in (1, 2, 3)]
-    shards = [load(tmp_path / f"s{i}" / "report.json") for i in (1, 2, 3)]
+    shards = [json.loads((tmp_path / f"s{i}" / "report.json").read_text()) for i in (1, 2, 3)]
     assert [s["meta"]["shard"]["index"] for s in shards] == [1, 2, 3]
     assert [[sec["name"] for sec in s["sections"]] for s in shards] == [["ok"], ["bad"], ["gone"]]  # round-robin
     assert rcs == [0, 1, 0] and sum(len(s["records"]) for s in shards) == len(full["records"])
@@ -86,7 +90,7 @@ def test_three_shards_merge_into_the_unsharded_report_record_for_record(tmp_path
     capsys.readouterr()
     rc = main(["merge", *(str(tmp_path / f"s{i}" / "report.json") for i in (3, 1, 2)), "--out", str(tmp_path / "merged")])
     assert rc == 1 and "merged 3 shards" in capsys.readouterr().out  # the merged report fails like the unsharded run
-    merged = load(tmp_path / "merged" / "report.json")
+    merged = json.loads((tmp_path / "merged" / "report.json").read_text())
     validate(merged)
     assert (tmp_path / "merged" / "report.html").stat().st_size > 10_000
     assert [_strip(r) for r in merged["records"]] == [_strip(r) for r in full["records"]]
@@ -108,15 +112,30 @@ def test_a_shard_compares_against_the_full_baseline_on_its_own_cases(tmp_path):
     assert report["baseline"]["regressions"] == [] and not any("missing" in c for c in report["baseline"]["changes"])
 
 
-def _shard_reports(tmp_path: Path) -> list[tuple[str, dict]]:
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory) -> Path:
+    """The two shard reports of one run of the fp8 per-expert stacked cases, made once for the tests
+    below (each reads them, or works on its own copy)."""
+    root = tmp_path_factory.mktemp("two_shards")
     cases = ["--no-sections", "--cases", "fp8_e4m3.*/per_expert/stacked/*"]
     for i in (1, 2):
-        assert _run(tmp_path / f"s{i}", "--shard", f"{i}/2", *cases) == 0
-    return [(str(tmp_path / f"s{i}" / "report.json"), load(tmp_path / f"s{i}" / "report.json")) for i in (1, 2)]
+        assert _run(root / f"s{i}", "--shard", f"{i}/2", *cases) == 0
+    return root
 
 
-def test_merge_refuses_what_is_not_one_sharded_run(tmp_path):
-    items = _shard_reports(tmp_path)
+def _shard_reports(two_shards: Path, tmp_path: Path) -> list[tuple[str, dict]]:
+    """The shard reports copied under ``tmp_path`` (a test may rewrite them), as (path, report)."""
+    items = []
+    for i in (1, 2):
+        (tmp_path / f"s{i}").mkdir()
+        path = tmp_path / f"s{i}" / "report.json"
+        path.write_bytes((two_shards / f"s{i}" / "report.json").read_bytes())
+        items.append((str(path), load(path)))
+    return items
+
+
+def test_merge_refuses_what_is_not_one_sharded_run(two_shards, tmp_path):
+    items = _shard_reports(two_shards, tmp_path)
     assert len(merge_reports(items)["records"]) == sum(len(r["records"]) for _, r in items)
 
     def refused(mutate, match: str, which: int = 1) -> None:
@@ -151,8 +170,8 @@ def test_merge_refuses_what_is_not_one_sharded_run(tmp_path):
     assert merged["meta"]["git_commit"].endswith("," + "f" * 40)
 
 
-def test_merge_cli_errors_are_usage_errors_and_incomplete_shards_stay_incomplete(tmp_path, capsys):
-    items = _shard_reports(tmp_path)
+def test_merge_cli_errors_are_usage_errors_and_incomplete_shards_stay_incomplete(two_shards, tmp_path, capsys):
+    items = _shard_reports(two_shards, tmp_path)
     assert main(["merge", items[0][0], "--out", str(tmp_path / "m")]) == 2
     assert "2/2 missing" in capsys.readouterr().err
     second = json.loads(Path(items[1][0]).read_text())
